@@ -1,0 +1,202 @@
+"""The test control plane itself: real apiserver, controller-manager, scheduler, kwok."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import yaml
+
+from tests.cluster.catalogue import NRT_GROUP, NRT_PLURAL, NRT_VERSION, load_catalogue
+
+pytestmark = pytest.mark.integration
+
+WIDGET_CRD = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.harness.heteroserve.io}
+spec:
+  group: harness.heteroserve.io
+  scope: Namespaced
+  names: {kind: Widget, plural: widgets, singular: widget, listKind: WidgetList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              required: [size]
+              properties:
+                size: {type: integer, minimum: 1}
+"""
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_apply_a_crd_and_an_object_of_it(cluster, namespace):
+    cluster.kubectl("apply", "-f", "-", stdin=WIDGET_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "crd/widgets.harness.heteroserve.io")
+    widget = {"apiVersion": "harness.heteroserve.io/v1", "kind": "Widget",
+              "metadata": {"name": "w1", "namespace": namespace}, "spec": {"size": 3}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(widget))
+    back = json.loads(cluster.kubectl("get", "widget", "w1", "-n", namespace, "-o", "json").stdout)
+    assert back["spec"] == {"size": 3}
+    # The structural schema is enforced by the real apiserver.
+    widget["metadata"]["name"], widget["spec"]["size"] = "w2", 0
+    refused = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(widget), check=False)
+    assert refused.returncode != 0
+    assert "spec.size" in refused.stderr
+    assert "should be greater than or equal to 1" in refused.stderr
+
+
+def test_deployment_on_a_fake_gpu_node_becomes_available(cluster, namespace):
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "gpu-app", "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "gpu-app"}},
+            "template": {
+                "metadata": {"labels": {"app": "gpu-app"}},
+                "spec": {"containers": [{
+                    "name": "main", "image": "registry.invalid/gpu-app:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                }]},
+            },
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
+    cluster.kubectl("wait", "--for=condition=Available", "--timeout=90s",
+                    "deployment/gpu-app", "-n", namespace)
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=gpu-app",
+                                      "-o", "json").stdout)["items"]
+    assert len(pods) == 2
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        # Only the Kunpeng server has NVIDIA GPUs in the catalogue.
+        assert pod["spec"]["nodeName"] == "kunpeng-a100-0"
+
+
+def test_unschedulable_accelerator_request_stays_pending(cluster, namespace):
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "too-many-gpus", "namespace": namespace},
+           "spec": {"containers": [{"name": "main", "image": "registry.invalid/x:1",
+                                    "resources": {"limits": {"nvidia.com/gpu": "9"}}}]}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+    def unschedulable():
+        got = json.loads(cluster.kubectl("get", "pod", "too-many-gpus", "-n", namespace,
+                                         "-o", "json").stdout)
+        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
+                   for c in got["status"].get("conditions", []))
+
+    wait_for(unschedulable, what="the scheduler to mark the pod Unschedulable")
+
+
+def test_deleting_an_owner_garbage_collects_its_children(cluster, namespace):
+    cluster.kubectl("create", "configmap", "owner", "-n", namespace)
+    owner = json.loads(cluster.kubectl("get", "configmap", "owner", "-n", namespace,
+                                       "-o", "json").stdout)
+    child = {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "child", "namespace": namespace, "ownerReferences": [{
+                 "apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                 "uid": owner["metadata"]["uid"]}]}}
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(child))
+    cluster.kubectl("create", "deployment", "web", "--image=registry.invalid/web:1",
+                    "-n", namespace)
+    cluster.kubectl("wait", "--for=condition=Available", "--timeout=90s", "deployment/web",
+                    "-n", namespace)
+
+    cluster.kubectl("delete", "configmap", "owner", "-n", namespace)
+    cluster.kubectl("delete", "deployment", "web", "-n", namespace, "--cascade=background")
+
+    def gone(*args):
+        return lambda: cluster.kubectl("get", *args, "-n", namespace, "-o", "name",
+                                       check=False).stdout.strip() == ""
+
+    wait_for(gone("configmap", "child"), what="the garbage collector to delete the child")
+    wait_for(gone("replicasets,pods", "-l", "app=web"),
+             what="the Deployment's ReplicaSet and Pods to be collected")
+
+
+def test_node_resource_topology_reads_back_with_the_numa_layout(cluster):
+    client = cluster.api_client()
+    from kubernetes import client as k8s
+
+    custom = k8s.CustomObjectsApi(client)
+    for node in load_catalogue():
+        nrt = custom.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL, node.name)
+        zones = nrt["zones"]
+        assert len(zones) == len(node.numa)
+        assert [z["type"] for z in zones] == ["Node"] * len(zones)
+    kunpeng = custom.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                                               "kunpeng-a100-0")
+    assert [z["name"] for z in kunpeng["zones"]] == ["node-0", "node-1", "node-2", "node-3"]
+    cpus = [next(r for r in z["resources"] if r["name"] == "cpu")["capacity"]
+            for z in kunpeng["zones"]]
+    assert cpus == ["40", "40", "40", "40"]
+    cpu_ids = [next(a for a in z["attributes"] if a["name"] == "cpus")["value"]
+               for z in kunpeng["zones"]]
+    assert cpu_ids == ["0-39", "40-79", "80-119", "120-159"]
+    gpus = [next(r for r in z["resources"] if r["name"] == "nvidia.com/gpu")["capacity"]
+            for z in kunpeng["zones"]]
+    assert gpus == ["2", "2", "2", "2"]
+    sysinfer = custom.get_cluster_custom_object(NRT_GROUP, NRT_VERSION, NRT_PLURAL,
+                                                "kunpeng-cpu-0")
+    assert len(sysinfer["zones"]) == 4
+    assert {a["name"]: a["value"] for a in sysinfer["attributes"]}["topologyManagerPolicy"] \
+        == "single-numa-node"
+
+
+def test_fake_nodes_carry_the_seed_capacity_and_labels(cluster):
+    nodes = {n["metadata"]["name"]: n for n in json.loads(
+        cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]}
+    kunpeng = nodes["kunpeng-a100-0"]
+    assert kunpeng["status"]["capacity"]["cpu"] == "160"
+    assert kunpeng["status"]["capacity"]["nvidia.com/gpu"] == "8"
+    assert kunpeng["metadata"]["labels"]["kubernetes.io/arch"] == "arm64"
+    assert kunpeng["metadata"]["labels"]["heteroserve.io/numa-nodes"] == "4"
+    assert kunpeng["metadata"]["labels"]["heteroserve.io/cpus-per-numa-node"] == "40"
+    gaudi = nodes["gaudi2-0"]["status"]["capacity"]
+    assert gaudi["habana.ai/gaudi"] == "8"
+    assert gaudi["hugepages-2Mi"] == "30000Mi"  # vm.nr_hugepages=15000 (seed 003)
+    assert nodes["ascend-910-0"]["status"]["capacity"]["huawei.com/Ascend910"] == "8"
+    assert nodes["kunpeng-cpu-0"]["status"]["capacity"]["cpu"] == "256"
+    for node in nodes.values():
+        ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "True"
+
+
+def test_rbac_is_enforced(cluster, namespace):
+    """The apiserver runs with RBAC: a service account without bindings is refused."""
+    cluster.kubectl("create", "serviceaccount", "nobody", "-n", namespace)
+    answer = cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace,
+                             f"--as=system:serviceaccount:{namespace}:nobody", check=False)
+    assert answer.stdout.strip() == "no"
+    cluster.kubectl("create", "rolebinding", "view", "--clusterrole=view",
+                    f"--serviceaccount={namespace}:nobody", "-n", namespace)
+    answer = cluster.kubectl("auth", "can-i", "list", "pods", "-n", namespace,
+                             f"--as=system:serviceaccount:{namespace}:nobody", check=False)
+    assert answer.stdout.strip() == "yes"
+
+
+def test_kubeconfig_is_usable_by_the_python_client(cluster):
+    from kubernetes import client as k8s
+
+    version = k8s.VersionApi(cluster.api_client()).get_code()
+    assert version.git_version.startswith("v1.36.")
+    assert yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"][
+        "server"].startswith("https://127.0.0.1:")
