@@ -1,0 +1,560 @@
+"""InferenceDeployment spec and status.
+
+Every field carries a description: it becomes `kubectl explain` text. Cross-field rules are CEL
+(`x-kubernetes-validations`) so that the apiserver rejects bad specs at `kubectl apply`; the same
+rules are checked in Python (`InferenceDeploymentSpec` validators) for local mode, which has no
+apiserver.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "heteroserve.io"
+VERSION = "v1alpha1"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAMES = ["infd"]
+
+QUANTITY_PATTERN = r"^(\d+(\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# In the CRD, an object with all-defaulted fields defaults to {} so the apiserver fills it in.
+OBJECT_DEFAULT = {"default": {}}
+
+AcceleratorType = Literal["nvidia", "ascend", "gaudi"]
+PrefillEngineKind = Literal["vllm", "vllm-gaudi", "vllm-ascend", "ksana", "builtin"]
+DecodeEngineKind = Literal["builtin", "vllm-cpu", "sysinfer"]
+Quantization = Literal["q8_0", "q4_0"]
+Dtype = Literal["auto", "half", "float16", "bfloat16", "float32"]
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ApiModel(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+    @classmethod
+    def cel_rules(cls) -> list[dict[str, str]]:
+        return list(
+            cls.model_config.get("json_schema_extra", {}).get(  # type: ignore[union-attr]
+                "x-kubernetes-validations", []
+            )
+        )
+
+
+def rules(*entries: dict[str, str]) -> ConfigDict:
+    return ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra={"x-kubernetes-validations": list(entries)},
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable set in the engine container."""
+
+    name: Annotated[
+        str, Field(description="Variable name.", pattern=ENV_NAME_PATTERN, max_length=256)
+    ]
+    value: Annotated[str, Field(description="Variable value.", max_length=4096)] = ""
+
+
+class ModelVolume(ApiModel):
+    """Where the model files live; mounted read-only into every engine container."""
+
+    model_config = rules(
+        cel(
+            "has(self.claimName) != has(self.hostPath)",
+            "model.volume needs exactly one of claimName and hostPath",
+        )
+    )
+
+    claim_name: str | None = Field(
+        default=None, description="Name of a PersistentVolumeClaim in the same namespace."
+    )
+    host_path: str | None = Field(
+        default=None, description="A directory on the node (the seeds' `-v /home/models:...`)."
+    )
+    mount_path: str = Field(
+        default="/models", description="Where the volume is mounted in the containers."
+    )
+
+
+class ModelSpec(ApiModel):
+    """The model served, identical for prefill and decode."""
+
+    name: str = Field(
+        description="Served model name: the `model` field clients send (vLLM "
+        "`--served-model-name`).",
+        min_length=1,
+        max_length=253,
+    )
+    path: str = Field(
+        description="Path of the weights inside the containers (a directory, or a GGUF file "
+        "for CPU engines).",
+        min_length=1,
+    )
+    volume: ModelVolume | None = Field(default=None, description="Volume holding the weights.")
+    max_model_len: int = Field(
+        default=8192,
+        ge=16,
+        le=1048576,
+        description="Maximum context length in tokens (prompt + completion).",
+    )
+    dtype: Dtype = Field(default="auto", description="Accelerator compute dtype (vLLM `--dtype`).")
+
+
+class AcceleratorSpec(ApiModel):
+    """The accelerator cards of one prefill replica."""
+
+    model_config = rules(
+        cel(
+            "!has(self.moduleIds) || self.type == 'gaudi'",
+            "accelerator.moduleIds applies to Gaudi only",
+        ),
+        cel(
+            "!has(self.moduleIds) || size(self.moduleIds) == self.count",
+            "accelerator.moduleIds must list exactly `count` Gaudi module IDs",
+        ),
+    )
+
+    type: AcceleratorType = Field(description="Accelerator family.")
+    count: int = Field(
+        default=1, ge=1, le=16, description="Cards per replica; the engine's tensor-parallel size."
+    )
+    product: str | None = Field(
+        default=None,
+        description="Only nodes whose product label matches (e.g. NVIDIA-A100-SXM4-80GB, 910B2C).",
+    )
+    module_ids: list[Annotated[int, Field(ge=0, le=7)]] | None = Field(
+        default=None,
+        max_length=8,
+        description="Gaudi module IDs (the start script's `-m`), preferably on one NUMA node.",
+    )
+
+
+class TokenRange(ApiModel):
+    """An inclusive token-count range."""
+
+    model_config = rules(cel("self.min <= self.max", "range min must not exceed max"))
+
+    min: int = Field(ge=1, description="Smallest count.")
+    max: int = Field(ge=1, description="Largest count.")
+
+
+class GaudiWarmup(ApiModel):
+    """Gaudi graph warmup and its recipe cache (the start script's -c, -s, -r)."""
+
+    recipe_cache: bool = Field(
+        default=True,
+        description="Keep compiled HPU recipes on a node-local volume keyed by model, engine "
+        "configuration and image, so later starts skip recompiling (`-c`).",
+    )
+    recipe_cache_path: str = Field(
+        default="/data/warmup_cache", description="Where the cache is mounted."
+    )
+    skip: bool = Field(default=False, description="Skip warmup (`-s`); needs a warm cache.")
+    reduced_max_batch_size: int | None = Field(
+        default=None, ge=1, description="Warm only up to this batch size (`-r`, with maxSeqLen)."
+    )
+    reduced_max_seq_len: int | None = Field(
+        default=None, ge=1, description="Warm only up to this sequence length (`-r`)."
+    )
+
+
+class PrefillEngineSpec(ApiModel):
+    """The accelerator engine and its settings."""
+
+    kind: PrefillEngineKind = Field(description="Which engine serves on the accelerator.")
+    image: str | None = Field(default=None, description="Container image; a per-kind default.")
+    port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description="Engine HTTP port; default 8001 (Gaudi: 30001).",
+    )
+    args: list[str] = Field(default_factory=list, description="Extra engine arguments.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
+    block_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="KV-cache block size in tokens (vLLM `--block_size`, "
+        "KsanaLLM `block_token_num`); sysHAX needs 16 on both tiers.",
+    )
+    swap_space: int | None = Field(
+        default=None, ge=0, description="CPU swap space in GiB (vLLM `--swap_space`)."
+    )
+    preemption_mode: Literal["swap", "recompute"] | None = Field(
+        default=None, description="vLLM `--preemption_mode`; sysHAX uses swap."
+    )
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0, le=1, description="vLLM `--gpu_memory_utilization`."
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Maximum concurrent sequences (Gaudi `-b`, KsanaLLM `max_batch_size`).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, description="Maximum tokens per step (Gaudi `-t`)."
+    )
+    input_range: TokenRange | None = Field(
+        default=None, description="Gaudi bucketing: prompt lengths to warm up (`-i`)."
+    )
+    output_range: TokenRange | None = Field(
+        default=None, description="Gaudi bucketing: completion lengths to warm up (`-o`)."
+    )
+    warmup: GaudiWarmup | None = Field(default=None, description="Gaudi warmup settings.")
+    shm_size: str | None = Field(
+        default=None,
+        pattern=QUANTITY_PATTERN,
+        description="Size of the memory-backed /dev/shm (the seeds' `--shm-size`); default 64Gi "
+        "for vLLM engines, 50Gi for KsanaLLM.",
+    )
+
+
+class PrefillSpec(ApiModel):
+    """Accelerator pods that prefill (and decode what is not offloaded)."""
+
+    model_config = rules(
+        cel(
+            "self.engine.kind != 'vllm-gaudi' || self.accelerator.type == 'gaudi'",
+            "engine vllm-gaudi needs accelerator type gaudi",
+        ),
+        cel(
+            "self.engine.kind != 'vllm-ascend' || self.accelerator.type == 'ascend'",
+            "engine vllm-ascend needs accelerator type ascend",
+        ),
+        cel(
+            "self.engine.kind != 'vllm' || self.accelerator.type == 'nvidia'",
+            "engine vllm needs accelerator type nvidia (use vllm-gaudi or vllm-ascend)",
+        ),
+        cel(
+            "self.engine.kind != 'ksana' || self.accelerator.type != 'gaudi'",
+            "engine ksana runs on nvidia or ascend, not gaudi",
+        ),
+        cel(
+            "!has(self.engine.warmup) || self.accelerator.type == 'gaudi'",
+            "engine.warmup applies to Gaudi only",
+        ),
+    )
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Prefill pods.")
+    accelerator: AcceleratorSpec = Field(description="Accelerator cards per pod.")
+    engine: PrefillEngineSpec = Field(description="Engine on the accelerator.")
+    memory: str = Field(
+        default="64Gi",
+        pattern=QUANTITY_PATTERN,
+        description="Host memory request and limit of the engine container.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector.")
+
+
+class DecodeEngineSpec(ApiModel):
+    """The CPU engine that continues decoding offloaded requests."""
+
+    kind: DecodeEngineKind = Field(
+        default="builtin",
+        description="builtin: heteroserve's CPU engine; vllm-cpu: the sysHAX "
+        "CPU vLLM image; sysinfer: the sysInfer openai server.",
+    )
+    image: str | None = Field(default=None, description="Container image; a per-kind default.")
+    port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description="Engine HTTP port; default 8002 (sysinfer: 7860).",
+    )
+    args: list[str] = Field(default_factory=list, description="Extra engine arguments.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
+
+
+class DecodeSpec(ApiModel):
+    """NUMA-pinned CPU decode pods (Guaranteed QoS, integer CPUs, exclusive cores)."""
+
+    model_config = rules(
+        cel(
+            "!has(self.numaNodes) || self.cpus % self.numaNodes == 0",
+            "decode.cpus must be a multiple of decode.numaNodes: the thread count equals the "
+            "bound CPUs and every NUMA node contributes the same number of CPUs",
+        ),
+        cel(
+            "!has(self.gemvTiling) || self.engine.kind != 'sysinfer'",
+            "decode.gemvTiling (NRC) is a sysHAX/heteroserve setting; sysinfer ignores it",
+        ),
+    )
+
+    replicas: int = Field(default=1, ge=0, le=1000, description="Decode pods.")
+    placement: Literal["sameNode", "anyNode"] = Field(
+        default="anyNode",
+        description="sameNode: on the prefill nodes, using their host cores "
+        "(sysHAX); anyNode: on any node with enough CPUs.",
+    )
+    cpus: int = Field(ge=1, le=1024, description="CPUs per pod; equals the engine threads.")
+    numa_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="NUMA nodes to spread the CPUs over; default: all of the node's.",
+    )
+    reserved_cpus_per_numa_node: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="CPUs left free at the end of each NUMA node for the "
+        "accelerator engine and router (Kunpeng BoostKit reserves 4 with sameNode).",
+    )
+    quantization: Quantization = Field(
+        default="q8_0", description="Weight quantization on the CPU (`SYSHAX_QUANTIZE`)."
+    )
+    gemv_tiling: Literal[2, 4] | None = Field(
+        default=None,
+        description="GEMV row tiling (`NRC`); Kunpeng guidance: 4 with q4_0, "
+        "2 with q8_0. Default: that guidance.",
+    )
+    memory: str = Field(
+        default="64Gi", pattern=QUANTITY_PATTERN, description="Memory request and limit per pod."
+    )
+    engine: DecodeEngineSpec = Field(
+        default_factory=DecodeEngineSpec,
+        json_schema_extra=OBJECT_DEFAULT,
+        description="The CPU engine.",
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector.")
+
+
+class OffloadSpec(ApiModel):
+    """When the router moves decode to the CPUs (sysHAX's decider)."""
+
+    kv_cache_usage_threshold: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Offload when the accelerator's KV-cache usage "
+        "fraction exceeds this (older sysHAX: 90 %).",
+    )
+    min_cpu_tokens_per_second: float = Field(
+        default=10,
+        ge=0,
+        description="Offload only while the CPU tier decodes at least this fast per request.",
+    )
+    cpu_max_batch_size: int = Field(
+        default=16, ge=1, description="Send no more concurrent sequences to one CPU engine."
+    )
+
+
+class RouterSpec(ApiModel):
+    """The router sidecar in every serving pod."""
+
+    policy: Literal["auto", "accelerator", "cpu", "split"] = Field(
+        default="auto",
+        description="auto: offload decode when the accelerator is under "
+        "pressure; accelerator/cpu: one tier does everything; split: always prefill on the "
+        "accelerator and decode on the CPU.",
+    )
+    port: int = Field(
+        default=8010, ge=1024, le=65535, description="Router port (the sysHAX conductor's 8010)."
+    )
+    image: str | None = Field(default=None, description="Router image; default: heteroserve's.")
+    offload: OffloadSpec = Field(
+        default_factory=OffloadSpec,
+        json_schema_extra=OBJECT_DEFAULT,
+        description="Offload thresholds.",
+    )
+    request_timeout_seconds: int = Field(default=600, ge=1, description="Per-request timeout.")
+
+
+class ServiceSpec(ApiModel):
+    """The Service in front of the routers."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
+    port: int = Field(default=8010, ge=1, le=65535, description="Service port.")
+
+
+class IngressSpec(ApiModel):
+    """An optional Ingress to the Service."""
+
+    enabled: bool = Field(default=False, description="Create an Ingress.")
+    host: str | None = Field(default=None, description="Host name.")
+    class_name: str | None = Field(default=None, description="IngressClass.")
+    tls_secret_name: str | None = Field(default=None, description="TLS Secret for the host.")
+
+
+class InferenceDeploymentSpec(ApiModel):
+    """A model served by accelerator prefill pods and NUMA-pinned CPU decode pods behind one
+    OpenAI-compatible endpoint."""
+
+    model_config = rules(
+        cel(
+            "has(self.prefill) || has(self.decode)",
+            "at least one of prefill and decode must be set",
+        ),
+        cel(
+            "!has(self.decode) || self.decode.placement != 'sameNode' || has(self.prefill)",
+            "decode.placement sameNode uses the host cores of the prefill nodes, so it needs "
+            "a prefill section",
+        ),
+        cel(
+            "!(self.router.policy in ['cpu', 'split']) || has(self.decode)",
+            "router.policy cpu and split need a decode section",
+        ),
+        cel(
+            "!(self.router.policy in ['accelerator', 'split']) || has(self.prefill)",
+            "router.policy accelerator and split need a prefill section",
+        ),
+    )
+
+    model: ModelSpec = Field(description="The served model.")
+    prefill: PrefillSpec | None = Field(
+        default=None, description="Accelerator prefill; absent: a CPU-only deployment."
+    )
+    decode: DecodeSpec | None = Field(
+        default=None, description="CPU decode; absent: an accelerator-only deployment."
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec,
+        json_schema_extra=OBJECT_DEFAULT,
+        description="Routing and offload.",
+    )
+    service: ServiceSpec = Field(
+        default_factory=ServiceSpec, json_schema_extra=OBJECT_DEFAULT, description="Service."
+    )
+    ingress: IngressSpec = Field(
+        default_factory=IngressSpec, json_schema_extra=OBJECT_DEFAULT, description="Ingress."
+    )
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> InferenceDeploymentSpec:
+        """The CEL rules again, for local mode (no apiserver)."""
+        errors = [rule["message"] for rule in python_rule_failures(self)]
+        if errors:
+            raise ValueError("; ".join(errors))
+        return self
+
+
+def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
+    """Evaluates the spec's CEL rules with their Python equivalents."""
+    failures = []
+    checks: list[tuple[type[ApiModel], object, list[bool]]] = [
+        (
+            InferenceDeploymentSpec,
+            spec,
+            [
+                spec.prefill is not None or spec.decode is not None,
+                spec.decode is None
+                or spec.decode.placement != "sameNode"
+                or spec.prefill is not None,
+                spec.router.policy not in ("cpu", "split") or spec.decode is not None,
+                spec.router.policy not in ("accelerator", "split") or spec.prefill is not None,
+            ],
+        ),
+    ]
+    if spec.prefill:
+        p = spec.prefill
+        checks.append(
+            (
+                PrefillSpec,
+                p,
+                [
+                    p.engine.kind != "vllm-gaudi" or p.accelerator.type == "gaudi",
+                    p.engine.kind != "vllm-ascend" or p.accelerator.type == "ascend",
+                    p.engine.kind != "vllm" or p.accelerator.type == "nvidia",
+                    p.engine.kind != "ksana" or p.accelerator.type != "gaudi",
+                    p.engine.warmup is None or p.accelerator.type == "gaudi",
+                ],
+            )
+        )
+        a = p.accelerator
+        checks.append(
+            (
+                AcceleratorSpec,
+                a,
+                [
+                    a.module_ids is None or a.type == "gaudi",
+                    a.module_ids is None or len(a.module_ids) == a.count,
+                ],
+            )
+        )
+    if spec.decode:
+        d = spec.decode
+        checks.append(
+            (
+                DecodeSpec,
+                d,
+                [
+                    d.numa_nodes is None or d.cpus % d.numa_nodes == 0,
+                    d.gemv_tiling is None or d.engine.kind != "sysinfer",
+                ],
+            )
+        )
+    for model, _obj, results in checks:
+        for rule, ok in zip(model.cel_rules(), results, strict=True):
+            if not ok:
+                failures.append(rule)
+    return failures
+
+
+# -- status ---------------------------------------------------------------------------------------
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Ready, PrefillReady, DecodeReady, RouterReady or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
+    reason: str = Field(default="", description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    observed_generation: int | None = Field(
+        default=None, description="Spec generation this was computed for."
+    )
+    last_transition_time: str | None = Field(
+        default=None, description="When the status last changed."
+    )
+
+
+class TierStatus(ApiModel):
+    """Replica counts of one tier."""
+
+    replicas: int = Field(default=0, description="Desired pods.")
+    ready_replicas: int = Field(default=0, description="Ready pods.")
+
+
+class DecodePodPlan(ApiModel):
+    """The NUMA plan of one decode pod."""
+
+    pod: str = Field(description="Pod name ('template' for the plan rendered into the spec).")
+    node: str = Field(default="", description="Node the pod runs on.")
+    cpus: str = Field(description="Bound CPUs (CUSTOM_CPU_AFFINITY).")
+    threads: int = Field(description="OMP_NUM_THREADS.")
+    numa_nodes: list[int] = Field(default_factory=list, description="NUMA nodes used.")
+
+
+class InferenceDeploymentStatus(ApiModel):
+    """Observed state."""
+
+    observed_generation: int | None = Field(default=None, description="Last reconciled spec.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    endpoint: str | None = Field(default=None, description="OpenAI base URL inside the cluster.")
+    prefill: TierStatus | None = Field(default=None, description="Prefill replicas.")
+    decode: TierStatus | None = Field(default=None, description="Decode replicas.")
+    numa_plans: list[DecodePodPlan] = Field(
+        default_factory=list, description="NUMA plan per decode pod."
+    )
+
+
+def is_quantity(text: str) -> bool:
+    return re.fullmatch(QUANTITY_PATTERN, text) is not None

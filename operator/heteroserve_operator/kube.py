@@ -1,0 +1,180 @@
+"""The one layer that talks to the API server. Everything else is pure.
+
+Writes are server-side apply under one field manager, deletes for pruning, merge patches of the
+status subresource, and Events; each is counted (`heteroserve_operator_api_writes_total`) so that
+"no writes while idle" is measurable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes import client as k8s
+from prometheus_client import CollectorRegistry, Counter
+
+from .api.models import GROUP, KIND, PLURAL, VERSION
+from .render.meta import FIELD_MANAGER
+
+log = logging.getLogger(__name__)
+
+NRT_PATH = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+
+    def collection(self, namespace: str) -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        return f"{prefix}/namespaces/{namespace}/{self.plural}"
+
+
+# Every kind the operator creates, in apply order.
+CHILD_KINDS = (
+    Kind("v1", "ConfigMap", "configmaps"),
+    Kind("v1", "Service", "services"),
+    Kind("apps/v1", "Deployment", "deployments"),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    Kind("networking.k8s.io/v1", "Ingress", "ingresses"),
+)
+KINDS = {(k.api_version, k.kind): k for k in CHILD_KINDS}
+INFERENCE_DEPLOYMENT = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+
+
+class KubeApi:
+    """A thin, typed-enough client over kubernetes' ApiClient (its auth and TLS)."""
+
+    def __init__(self, api_client: k8s.ApiClient, registry: CollectorRegistry | None = None):
+        self.api = api_client
+        self.writes = Counter(
+            "heteroserve_operator_api_writes", "Mutating requests sent to the API server",
+            ["verb", "kind"], registry=registry)
+        self.reads = Counter(
+            "heteroserve_operator_api_reads", "Reading requests sent to the API server",
+            ["kind"], registry=registry)
+
+    # -- transport ---------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+                body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        params = self.api.param_serialize(
+            method=method, resource_path=path, path_params={}, query_params=query or [],
+            header_params=headers, body=body, post_params=[], files={},
+            auth_settings=["BearerToken"], collection_formats={}, _host=None,
+            _request_auth=None)
+        response = self.api.call_api(*params, _request_timeout=60)
+        response.read()
+        text = response.data.decode() if response.data else "{}"
+        if response.status >= 400:
+            try:
+                message = json.loads(text).get("message", text)
+            except ValueError:
+                message = text
+            raise ApiError(response.status, message)
+        return json.loads(text) if text else {}
+
+    def _read(self, kind: str, path: str, query: list[tuple[str, str]] | None = None) -> dict:
+        self.reads.labels(kind).inc()
+        return self.request("GET", path, query=query)
+
+    def _write(self, verb: str, kind: str, method: str, path: str, **kwargs) -> dict:
+        self.writes.labels(verb, kind).inc()
+        return self.request(method, path, **kwargs)
+
+    # -- children ----------------------------------------------------------------------------
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply under the operator's field manager (forcing conflicts: the
+        operator owns its children's rendered fields)."""
+        kind = KINDS[(manifest["apiVersion"], manifest["kind"])]
+        meta = manifest["metadata"]
+        path = f"{kind.collection(meta['namespace'])}/{quote(meta['name'])}"
+        return self._write("apply", kind.kind, "PATCH", path,
+                           query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                           body=manifest, content_type="application/apply-patch+yaml")
+
+    def delete(self, kind: Kind, namespace: str, name: str) -> None:
+        try:
+            self._write("delete", kind.kind, "DELETE",
+                        f"{kind.collection(namespace)}/{quote(name)}",
+                        body={"propagationPolicy": "Background"})
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self._read(kind.kind, kind.collection(namespace),
+                          query=[("labelSelector", label_selector)]).get("items", [])
+
+    def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return self._read("Pod", f"/api/v1/namespaces/{namespace}/pods",
+                          query=[("labelSelector", label_selector)]).get("items", [])
+
+    def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
+        return self._read(
+            "EndpointSlice", f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+            query=[("labelSelector", f"kubernetes.io/service-name={service}")]).get("items", [])
+
+    # -- cluster facts -----------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._read("Node", "/api/v1/nodes").get("items", [])
+
+    def node_resource_topologies(self) -> list[dict[str, Any]]:
+        try:
+            return self._read("NodeResourceTopology", NRT_PATH).get("items", [])
+        except ApiError as error:
+            if error.status == 404:  # CRD not installed: fall back to node labels
+                return []
+            raise
+
+    # -- the InferenceDeployment ---------------------------------------------------------------
+    def inference_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._read(KIND, f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}")
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list_all_owners(self) -> list[tuple[str, str]]:
+        items = self._read(KIND, f"/apis/{GROUP}/{VERSION}/{PLURAL}").get("items", [])
+        return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._write("patch-status", KIND, "PATCH",
+                    f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}/status",
+                    body={"status": status}, content_type="application/merge-patch+json")
+
+    def event(self, owner: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        """A core/v1 Event on the InferenceDeployment (kubectl describe shows it)."""
+        meta = owner["metadata"]
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": owner["apiVersion"], "kind": KIND,
+                               "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta["uid"]},
+            "type": kind, "reason": reason, "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        try:
+            self._write("create", "Event", "POST",
+                        f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+        except ApiError as error:  # events are best effort
+            log.warning("could not post event %s: %s", reason, error)

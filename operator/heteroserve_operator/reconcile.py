@@ -1,0 +1,173 @@
+"""One idempotent, level-triggered reconcile of an InferenceDeployment.
+
+Read the spec and the cluster facts -> render the desired children (pure) -> apply those that
+differ from the live objects -> prune children no longer desired -> observe -> write status only
+when it changed. An unchanged spec makes no writes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api.models import InferenceDeploymentSpec
+from .kube import CHILD_KINDS, KINDS, ApiError, KubeApi
+from .numa import NumaPlanError
+from .render.children import Rendered, render
+from .render.facts import ClusterFacts, NodeFacts, topology_from_labels, topology_from_nrt
+from .render.meta import LABEL_COMPONENT, LABEL_OWNER, MANAGED_BY, Owner
+from .status import Observed, compute_status, transitions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    applied: tuple[str, ...] = ()
+    pruned: tuple[str, ...] = ()
+    status_written: bool = False
+    error: str | None = None
+
+
+def is_subset(desired: Any, live: Any) -> bool:
+    """True when every field the operator sets has that value in the live object (the
+    apiserver adds defaults around them, which do not count as drift)."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(
+            k in live and is_subset(v, live[k]) for k, v in desired.items())
+    if isinstance(desired, list):
+        return (isinstance(live, list) and len(desired) == len(live)
+                and all(is_subset(d, item) for d, item in zip(desired, live, strict=True)))
+    return desired == live
+
+
+def cluster_facts(nodes: list[dict[str, Any]], topologies: list[dict[str, Any]]
+                  ) -> ClusterFacts:
+    by_name = {t["metadata"]["name"]: t for t in topologies}
+    facts = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        labels = node["metadata"].get("labels", {}) or {}
+        smt = labels.get("feature.node.kubernetes.io/cpu-hardware_multithreading") == "true"
+        topology = (topology_from_nrt(name, by_name[name], 2 if smt else 1)
+                    if name in by_name else topology_from_labels(name, labels))
+        facts.append(NodeFacts(name, labels, node.get("status", {}).get("allocatable", {}) or {},
+                               topology))
+    return ClusterFacts(tuple(facts))
+
+
+class Reconciler:
+    def __init__(self, kube: KubeApi):
+        self.kube = kube
+        self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+    def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
+        body = self.kube.inference_deployment(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        return self.reconcile(body)
+
+    def reconcile(self, body: dict[str, Any]) -> Outcome:
+        meta = body["metadata"]
+        with self._locks[(meta["namespace"], meta["name"])]:
+            return self._reconcile(body)
+
+    def _reconcile(self, body: dict[str, Any]) -> Outcome:
+        meta = body["metadata"]
+        owner = Owner(meta["name"], meta["namespace"], meta["uid"])
+        generation = int(meta.get("generation", 0))
+        previous = body.get("status", {}) or {}
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            spec = InferenceDeploymentSpec.model_validate(body.get("spec", {}))
+        except ValidationError as error:
+            message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                for e in error.errors())
+            return self._fail(body, previous, generation, now, "InvalidSpec", message)
+        facts = cluster_facts(self.kube.nodes(), self.kube.node_resource_topologies())
+        try:
+            rendered = render(spec, owner, facts)
+        except NumaPlanError as error:
+            return self._fail(body, previous, generation, now, "NumaPlanFailed", str(error))
+        try:
+            applied, pruned = self._sync_children(owner, rendered)
+        except ApiError as error:
+            return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
+        observed = self._observe(owner, spec, facts)
+        status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
+                                placement=rendered.placement, observed=observed)
+        written = self._write_status(body, previous, status)
+        return Outcome(tuple(applied), tuple(pruned), written)
+
+    def _fail(self, body, previous, generation, now, reason, message) -> Outcome:
+        log.warning("%s/%s: %s: %s", body["metadata"]["namespace"], body["metadata"]["name"],
+                    reason, message)
+        status = compute_status(None, generation, previous, now, error=(reason, message))
+        written = self._write_status(body, previous, status)
+        return Outcome(status_written=written, error=f"{reason}: {message}")
+
+    def _write_status(self, body, previous: dict[str, Any], status: dict[str, Any]) -> bool:
+        comparable = {k: v for k, v in previous.items() if k in status}
+        if comparable == status and set(previous) <= set(status):
+            return False
+        meta = body["metadata"]
+        # Keys that disappeared are removed explicitly (merge patch semantics).
+        patch = {**{k: None for k in previous if k not in status}, **status}
+        self.kube.patch_status(meta["namespace"], meta["name"], patch)
+        for kind, reason, message in transitions(previous, status):
+            self.kube.event(body, kind, reason, message)
+        return True
+
+    def _selector(self, owner: Owner) -> str:
+        managed = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+        return f"{LABEL_OWNER}={owner.name},{managed}"
+
+    def _sync_children(self, owner: Owner, rendered: Rendered) -> tuple[list[str], list[str]]:
+        desired = {(c["apiVersion"], c["kind"], c["metadata"]["name"]): c
+                   for c in rendered.children}
+        live: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for kind in CHILD_KINDS:
+            for item in self.kube.list(kind, owner.namespace, self._selector(owner)):
+                live[(kind.api_version, kind.kind, item["metadata"]["name"])] = item
+        applied, pruned = [], []
+        for key, manifest in desired.items():
+            current = live.get(key)
+            if current is None or not is_subset(manifest, current):
+                self.kube.apply(manifest)
+                applied.append(f"{key[1]}/{key[2]}")
+        for key, item in live.items():
+            if key in desired:
+                continue
+            refs = item["metadata"].get("ownerReferences", []) or []
+            if any(r.get("uid") == owner.uid for r in refs):
+                self.kube.delete(KINDS[key[:2]], owner.namespace, key[2])
+                pruned.append(f"{key[1]}/{key[2]}")
+        if applied or pruned:
+            log.info("%s/%s: applied %s, pruned %s", owner.namespace, owner.name, applied,
+                     pruned)
+        return applied, pruned
+
+    def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts
+                 ) -> Observed:
+        deployments = {d["metadata"]["labels"].get(LABEL_COMPONENT): d
+                       for d in self.kube.list(KINDS[("apps/v1", "Deployment")],
+                                               owner.namespace, self._selector(owner))}
+        ready_endpoints = sum(
+            1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
+            for e in s.get("endpoints", []) or []
+            if (e.get("conditions") or {}).get("ready"))
+        decode_pods: tuple[tuple[str, str], ...] = ()
+        if spec.decode:
+            pods = self.kube.pods(owner.namespace,
+                                  f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT}=decode")
+            decode_pods = tuple((p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods
+                                if p["spec"].get("nodeName")
+                                and not p["metadata"].get("deletionTimestamp"))
+        return Observed(deployments.get("prefill"), deployments.get("decode"), ready_endpoints,
+                        decode_pods, facts)

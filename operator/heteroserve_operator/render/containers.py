@@ -1,0 +1,88 @@
+"""Container and volume pieces shared by the prefill and decode pods."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..api.models import InferenceDeploymentSpec
+from . import images
+from .engines import EngineContainer
+from .security import container_security_context
+
+ROUTER_CONFIG_DIR = "/etc/heteroserve/router"
+ROUTER_CONFIG_FILE = "router.yaml"
+
+
+def env_list(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in sorted(env.items())]
+
+
+def probe(engine_port: int | str, path: str | None, period: int, failures: int) -> dict[str, Any]:
+    check: dict[str, Any] = (
+        {"httpGet": {"path": path, "port": engine_port}} if path
+        else {"tcpSocket": {"port": engine_port}})
+    return {**check, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5}
+
+
+def engine_container(engine: EngineContainer, resources: dict[str, Any],
+                     extra_mounts: list[dict[str, Any]],
+                     capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": engine.image,
+        "command": list(engine.command),
+        "args": list(engine.args),
+        "ports": [{"name": "engine", "containerPort": engine.port, "protocol": "TCP"}],
+        # HOME: engines cache under $HOME, and the image's root home is not writable as non-root.
+        "env": env_list({"HOME": "/tmp", **engine.env}),
+        "resources": resources,
+        "volumeMounts": extra_mounts + list(engine.mounts),
+        "startupProbe": probe("engine", engine.health_path, 10,
+                              max(1, math.ceil(engine.startup_seconds / 10))),
+        "readinessProbe": probe("engine", engine.health_path, 5, 3),
+        "livenessProbe": probe("engine", engine.health_path, 20, 3),
+        "securityContext": container_security_context(capabilities),
+    }
+    if engine.working_dir:
+        container["workingDir"] = engine.working_dir
+    return container
+
+
+def router_container(spec: InferenceDeploymentSpec, exclusive_cpu: bool) -> dict[str, Any]:
+    """The router sidecar. In a Guaranteed decode pod it needs an integer CPU of its own."""
+    memory = "512Mi"
+    resources: dict[str, Any] = {"requests": {"memory": memory}, "limits": {"memory": memory}}
+    if exclusive_cpu:
+        resources = {"requests": {"cpu": "1", "memory": memory},
+                     "limits": {"cpu": "1", "memory": memory}}
+    return {
+        "name": "router",
+        "image": spec.router.image or images.ROUTER,
+        "command": ["heteroserve-router"],
+        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
+        "resources": resources,
+        "volumeMounts": [{"name": "router-config", "mountPath": ROUTER_CONFIG_DIR,
+                          "readOnly": True}],
+        "readinessProbe": probe("http", "/health", 5, 3),
+        "livenessProbe": probe("http", "/health", 20, 3),
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+    }
+
+
+def model_volume(spec: InferenceDeploymentSpec) -> tuple[list[dict], list[dict]]:
+    volume = spec.model.volume
+    if volume is None:
+        return [], []
+    source = ({"persistentVolumeClaim": {"claimName": volume.claim_name, "readOnly": True}}
+              if volume.claim_name else {"hostPath": {"path": volume.host_path,
+                                                      "type": "Directory"}})
+    return ([{"name": "models", **source}],
+            [{"name": "models", "mountPath": volume.mount_path, "readOnly": True}])
+
+
+def shm_volume(size: str) -> tuple[dict, dict]:
+    """/dev/shm as a memory-backed emptyDir: the seeds' `--shm-size`."""
+    return ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}},
+            {"name": "dshm", "mountPath": "/dev/shm"})

@@ -1,0 +1,42 @@
+"""heteroserve's own engines: the PyTorch prefill engine (any torch device) and the CPU decode
+engine (compiled kernels, NUMA-pinned)."""
+
+from __future__ import annotations
+
+from ...api.models import InferenceDeploymentSpec
+from ...numa import NumaPlan
+from .. import images
+from ..accelerators import AcceleratorProfile
+from . import DECODE_PORT, PREFILL_PORT, EngineContainer, user_env
+from .cpu_env import decode_environment
+
+
+def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> EngineContainer:
+    engine = spec.prefill.engine
+    return EngineContainer(
+        image=engine.image or images.PREFILL_ENGINE,
+        command=["heteroserve-prefill-engine"],
+        args=["--model", spec.model.path, "--served-model-name", spec.model.name,
+              "--device", accelerator.torch_device,
+              "--tensor-parallel-size", str(spec.prefill.accelerator.count),
+              "--max-model-len", str(spec.model.max_model_len),
+              "--host", "0.0.0.0", "--port", str(engine.port or PREFILL_PORT), *engine.args],
+        port=engine.port or PREFILL_PORT,
+        env={**accelerator.env, **user_env(engine.env)},
+        shm_size=engine.shm_size or "8Gi",
+    )
+
+
+def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
+    engine = spec.decode.engine
+    return EngineContainer(
+        image=engine.image or images.CPU_ENGINE,
+        command=["heteroserve-cpu-engine"],
+        args=["--model", spec.model.path, "--served-model-name", spec.model.name,
+              "--max-model-len", str(spec.model.max_model_len),
+              "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT), *engine.args],
+        port=engine.port or DECODE_PORT,
+        env={**decode_environment(spec.decode, plan), **user_env(engine.env)},
+        startup_seconds=600,
+        shm_size="1Gi",
+    )

@@ -1,0 +1,19 @@
+"""The environment every CPU decode engine gets: the NUMA plan plus the seeds' knobs."""
+
+from __future__ import annotations
+
+from ...api.models import DecodeSpec
+from ...numa import NumaPlan
+
+# Kunpeng guidance (sysHAX): q4_0 with NRC=4, q8_0 with NRC=2.
+DEFAULT_NRC = {"q4_0": 4, "q8_0": 2}
+
+
+def decode_environment(decode: DecodeSpec, plan: NumaPlan) -> dict[str, str]:
+    return {
+        # Enables the fused CPU path; OMP_NUM_THREADS only counts with it (sysHAX).
+        "INFERENCE_OP_MODE": "fused",
+        **plan.environment(),
+        "SYSHAX_QUANTIZE": decode.quantization,
+        "NRC": str(decode.gemv_tiling or DEFAULT_NRC[decode.quantization]),
+    }

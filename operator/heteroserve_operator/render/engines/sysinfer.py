@@ -1,0 +1,33 @@
+"""The sysInfer OpenAI server (seed 002):
+
+    OMP_NUM_THREADS=88 GOMP_CPU_AFFINITY=0-21,24-45,48-69,72-93 \
+    ./server /app/Baichuan2-13B-Chat-Q4_0.gguf -t 0.0 -n 4096
+
+It listens on 7860 and has no health route (TCP check).
+"""
+
+from __future__ import annotations
+
+from ...api.models import InferenceDeploymentSpec
+from ...numa import NumaPlan
+from .. import images
+from . import EngineContainer, user_env
+from .cpu_env import decode_environment
+
+PORT = 7860
+
+
+def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
+    engine = spec.decode.engine
+    port = engine.port or PORT
+    return EngineContainer(
+        image=engine.image or images.SYSINFER,
+        command=["./server"],
+        args=[spec.model.path, "-t", "0.0", "-n", str(spec.model.max_model_len), *engine.args],
+        port=port,
+        env={**decode_environment(spec.decode, plan), **user_env(engine.env)},
+        health_path=None,
+        metrics_path=None,
+        working_dir="/app",
+        startup_seconds=900,
+    )

@@ -1,0 +1,20 @@
+"""Operator settings: typed, with units and the reason for each default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    # Seconds between full resyncs of every InferenceDeployment. Watches carry every change;
+    # the resync only repairs what a lost event or a failed write left behind.
+    resync_seconds: float = 300.0
+    # Seconds a watch request stays open before kopf re-establishes it.
+    watch_timeout_seconds: int = 300
+    # Threads for synchronous handlers (each reconcile is a few blocking API calls).
+    workers: int = 16
+    # Port of the Prometheus /metrics endpoint (0: none).
+    metrics_port: int = 8080
+    # host:port of kopf's liveness endpoint (/healthz), or None.
+    liveness_endpoint: str | None = "http://0.0.0.0:8081/healthz"
