@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
-    reconciler = Reconciler(KubeApi(api_client(), registry))
+    reconciler = Reconciler(KubeApi(api_client(), registry), registry)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf.run(

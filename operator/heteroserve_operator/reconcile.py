@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 from .api.models import InferenceDeploymentSpec
@@ -63,20 +64,26 @@ def cluster_facts(nodes: list[dict[str, Any]], topologies: list[dict[str, Any]]
 
 
 class Reconciler:
-    def __init__(self, kube: KubeApi):
+    def __init__(self, kube: KubeApi, registry: CollectorRegistry | None = None):
         self.kube = kube
+        self.reconciles = Counter("heteroserve_operator_reconciles",
+                                  "Reconciles of InferenceDeployments", ["result"],
+                                  registry=registry)
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
-    def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
-        body = self.kube.inference_deployment(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return None
-        return self.reconcile(body)
+    def reconcile(self, body: dict[str, Any]) -> Outcome | None:
+        return self.reconcile_by_name(body["metadata"]["namespace"], body["metadata"]["name"])
 
-    def reconcile(self, body: dict[str, Any]) -> Outcome:
-        meta = body["metadata"]
-        with self._locks[(meta["namespace"], meta["name"])]:
-            return self._reconcile(body)
+    def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
+        """Serialised per object, on a fresh read: triggers from several watches may carry
+        stale copies, and a stale status would repeat its transition Events."""
+        with self._locks[(namespace, name)]:
+            body = self.kube.inference_deployment(namespace, name)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                return None
+            outcome = self._reconcile(body)
+        self.reconciles.labels("error" if outcome.error else "ok").inc()
+        return outcome
 
     def _reconcile(self, body: dict[str, Any]) -> Outcome:
         meta = body["metadata"]
@@ -138,7 +145,9 @@ class Reconciler:
         applied, pruned = [], []
         for key, manifest in desired.items():
             current = live.get(key)
-            if current is None or not is_subset(manifest, current):
+            # Items of a LIST carry no apiVersion/kind of their own.
+            fields = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
+            if current is None or not is_subset(fields, current):
                 self.kube.apply(manifest)
                 applied.append(f"{key[1]}/{key[2]}")
         for key, item in live.items():

@@ -465,8 +465,14 @@ def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
             ],
         ),
     ]
+    if spec.model.volume:
+        v = spec.model.volume
+        checks.append((ModelVolume, v, [(v.claim_name is None) != (v.host_path is None)]))
     if spec.prefill:
         p = spec.prefill
+        for token_range in (p.engine.input_range, p.engine.output_range):
+            if token_range:
+                checks.append((TokenRange, token_range, [token_range.min <= token_range.max]))
         checks.append(
             (
                 PrefillSpec,

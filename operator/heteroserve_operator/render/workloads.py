@@ -27,7 +27,7 @@ def _volumes(spec: InferenceDeploymentSpec, engine: EngineContainer, owner: meta
              router: bool, extra: list[dict]) -> tuple[list[dict], list[dict]]:
     volumes, mounts = model_volume(spec)
     shm, shm_mount = shm_volume(engine.shm_size)
-    volumes, mounts = [*volumes, shm, *extra], [*mounts, shm_mount]
+    volumes, mounts = [*volumes, shm, *extra, *engine.volumes], [*mounts, shm_mount]
     if engine.config_files:
         volumes.append({"name": "engine-config", "configMap": {
             "name": f"{owner.name}-engine"}})

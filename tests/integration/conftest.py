@@ -1,0 +1,117 @@
+"""The operator as users run it: a `heteroserve-operator` process against the test cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.cluster.harness import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+CRD = REPO / "crds" / "heteroserve.io_inferencedeployments.yaml"
+SAMPLES = REPO / "crds" / "samples"
+
+
+def wait_for(predicate, timeout: float = 60, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, logdir: Path):
+        self.kubeconfig, self.logdir = kubeconfig, logdir
+        self.proc: subprocess.Popen | None = None
+        self.metrics_port = 0
+        self.starts = 0
+
+    def start(self) -> None:
+        self.metrics_port = free_port()
+        self.starts += 1
+        log = open(self.logdir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "heteroserve_operator", "--metrics-port",
+             str(self.metrics_port), "--liveness", "", "--resync-seconds", "10"],
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for(self._metrics_up, 30, what="the operator's metrics endpoint")
+
+    def _metrics_up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"the operator exited with {self.proc.returncode}; see "
+                                 f"{self.logdir}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+                             ).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def metric(self, name: str, **labels: str) -> float:
+        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def crd_installed(cluster) -> None:
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/inferencedeployments.heteroserve.io")
+
+
+@pytest.fixture(scope="session")
+def operator(cluster, crd_installed, tmp_path_factory) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(cluster.kubeconfig, tmp_path_factory.mktemp("operator"))
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+def get_json(cluster, *args: str) -> dict:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict, kind: str) -> dict | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind),
+                None)
+
+
+def wait_ready(cluster, namespace: str, name: str, timeout: float = 90) -> dict:
+    def ready():
+        obj = get_json(cluster, "inferencedeployment", name, "-n", namespace)
+        cond = condition(obj, "Ready")
+        current = obj.get("status", {}).get("observedGeneration") == obj["metadata"][
+            "generation"]
+        return obj if cond and cond["status"] == "True" and current else None
+
+    return wait_for(ready, timeout, what=f"{namespace}/{name} to be Ready")

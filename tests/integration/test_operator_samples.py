@@ -1,0 +1,234 @@
+"""Every seed sample becomes Ready on the fake seed machines, and its pods carry exactly what the
+seeds specify (asserted field by field on the live objects)."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.integration.conftest import SAMPLES, get_json, wait_ready
+
+pytestmark = pytest.mark.integration
+
+
+def pods(cluster, namespace: str, name: str, component: str) -> list[dict]:
+    return get_json(cluster, "pods", "-n", namespace, "-l",
+                    f"app.kubernetes.io/instance={name},app.kubernetes.io/component={component}"
+                    )["items"]
+
+
+def container(pod: dict, name: str) -> dict:
+    return next(c for c in pod["spec"]["containers"] if c["name"] == name)
+
+
+def env(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", [])}
+
+
+def mounts(c: dict) -> dict[str, str]:
+    return {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+
+
+def volumes(pod: dict) -> dict[str, dict]:
+    return {v["name"]: v for v in pod["spec"]["volumes"]}
+
+
+SYSHAX_GPU_ARGS = [
+    "--served-model-name=ds-32b", "--host", "0.0.0.0", "--port", "8001", "--dtype=half",
+    "--swap_space=16", "--block_size=16", "--preemption_mode=swap", "--max_model_len=8192",
+    "--tensor-parallel-size", "2", "--gpu_memory_utilization=0.8", "--enable-auto-pd-offload"]
+SYSHAX_CPU_ARGS = [
+    "--served-model-name=ds-32b", "--host", "0.0.0.0", "--port", "8002", "--dtype=half",
+    "--block_size=16", "--preemption_mode=swap", "--max_model_len=8192",
+    "--enable-auto-pd-offload"]
+
+
+def check_syshax(cluster, ns, name, *, cpus, affinity, quant, nrc, memory):
+    (prefill,) = pods(cluster, ns, name, "prefill")
+    (decode,) = pods(cluster, ns, name, "decode")
+    gpu = container(prefill, "engine")
+    assert gpu["image"] == "hub.oepkgs.net/neocopilot/syshax/syshax-vllm-gpu:0.2.1"
+    assert gpu["command"] == ["vllm", "serve", "/home/models/DeepSeek-R1-Distill-Qwen-32B"]
+    assert gpu["args"] == SYSHAX_GPU_ARGS
+    assert gpu["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert mounts(gpu)["/dev/shm"] == "dshm"
+    assert volumes(prefill)["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert volumes(prefill)["models"]["hostPath"]["path"] == "/home/models"
+    assert container(prefill, "router")["ports"][0]["containerPort"] == 8010
+    cpu = container(decode, "engine")
+    assert cpu["command"] == ["vllm", "serve", "/home/models/DeepSeek-R1-Distill-Qwen-32B"]
+    assert cpu["args"] == SYSHAX_CPU_ARGS
+    assert env(cpu) | {"HOME": "/tmp"} == {
+        "INFERENCE_OP_MODE": "fused", "OMP_NUM_THREADS": str(cpus),
+        "CUSTOM_CPU_AFFINITY": affinity, "GOMP_CPU_AFFINITY": affinity,
+        "SYSHAX_QUANTIZE": quant, "NRC": str(nrc), "HOME": "/tmp"}
+    # Guaranteed QoS with integer CPUs: exclusive cores from the static CPU manager.
+    assert cpu["resources"]["requests"] == cpu["resources"]["limits"] == {
+        "cpu": str(cpus), "memory": memory}
+    assert decode["status"]["qosClass"] == "Guaranteed"
+    # sameNode: the decode pod runs on the prefill pod's Kunpeng server.
+    assert decode["spec"]["nodeName"] == prefill["spec"]["nodeName"] == "kunpeng-a100-0"
+
+
+def check_syshax_q8(cluster, ns, name):
+    check_syshax(cluster, ns, name, cpus=160, affinity="0-159", quant="q8_0", nrc=2,
+                 memory="128Gi")
+
+
+def check_syshax_q4(cluster, ns, name):
+    check_syshax(cluster, ns, name, cpus=128, affinity="0-31,40-71,80-111,120-151",
+                 quant="q4_0", nrc=4, memory="64Gi")
+
+
+def check_gaudi(cluster, ns, name, *, args, cache_path, modules):
+    (pod,) = pods(cluster, ns, name, "prefill")
+    engine = container(pod, "engine")
+    assert engine["command"] == ["bash", "scripts/start_gaudi_vllm_server.sh"]
+    assert engine["workingDir"] == "/workspace/vllm-fork"
+    assert engine["args"] == args
+    limits = engine["resources"]["limits"]
+    assert limits["habana.ai/gaudi"] == "4"
+    assert limits["hugepages-2Mi"] == "15000Mi"  # 4 of the host's 8 cards' 15000 pages
+    assert engine["securityContext"]["capabilities"]["add"] == ["SYS_NICE"]
+    variables = env(engine)
+    assert variables["HABANA_VISIBLE_DEVICES"] == "all"
+    assert variables["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+    assert variables["PT_HPU_ENABLE_LAZY_COLLECTIVES"] == "true"
+    assert variables.get("HABANA_VISIBLE_MODULES") == modules
+    cache = volumes(pod)["recipe-cache"]["hostPath"]
+    assert cache["path"].startswith("/var/lib/heteroserve/gaudi-recipe-cache/")
+    assert mounts(engine)[cache_path] == "recipe-cache"
+    # Warmup takes 10 min to 1 h: the startup probe allows an hour.
+    probe = engine["startupProbe"]
+    assert probe["periodSeconds"] * probe["failureThreshold"] >= 3600
+    assert pod["spec"]["nodeName"] == "gaudi2-0"
+
+
+def check_gaudi_qwen(cluster, ns, name):
+    check_gaudi(cluster, ns, name, cache_path="/data/warmup_cache", modules="0,1,2,3", args=[
+        "-w", "/models/Qwen2-72B-Instruct", "-n", "4", "-m", "0,1,2,3", "-b", "128",
+        "-i", "800,1024", "-o", "400,512", "-l", "8192", "-t", "8192", "-d", "bfloat16",
+        "-p", "30001", "-u", "0.0.0.0", "-c", "/data/warmup_cache"])
+
+
+def check_gaudi_ds70b(cluster, ns, name):
+    check_gaudi(cluster, ns, name, cache_path="/data/70B_warmup_cache", modules=None, args=[
+        "-w", "/data/hf_models/DeepSeek-R1-Distill-Llama-70B", "-n", "4", "-b", "128",
+        "-i", "800,4096", "-o", "800,2048", "-l", "8192", "-t", "8192", "-d", "bfloat16",
+        "-p", "30001", "-u", "0.0.0.0", "-c", "/data/70B_warmup_cache"])
+
+
+def check_ksana(cluster, ns, name, *, resource, count, node):
+    (pod,) = pods(cluster, ns, name, "prefill")
+    engine = container(pod, "engine")
+    assert engine["command"] == ["python", "serving_server.py"]
+    assert engine["args"] == ["--config_file", "/etc/heteroserve/engine/ksana.yaml",
+                              "--host", "0.0.0.0", "--port", "8080"]
+    assert engine["resources"]["limits"][resource] == str(count)
+    # No /health route in KsanaLLM: TCP probes; the router lists models at /models.
+    assert "tcpSocket" in engine["readinessProbe"]
+    config = yaml.safe_load(get_json(cluster, "configmap", f"{name}-engine", "-n", ns)[
+        "data"]["ksana.yaml"])
+    assert config["setting"]["global"] == {"tensor_para_size": count, "pipeline_para_size": 1}
+    assert config["setting"]["block_manager"]["block_token_num"] == 16
+    assert config["setting"]["batch_scheduler"]["max_token_len"] == 8192
+    router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
+        "data"]["router.yaml"])
+    assert router["accelerator"]["modelsPath"] == "/models"
+    assert pod["spec"]["nodeName"] == node
+    return pod, engine, config
+
+
+def check_ksana_ascend(cluster, ns, name):
+    pod, engine, config = check_ksana(cluster, ns, name, resource="huawei.com/Ascend910",
+                                      count=8, node="ascend-910-0")
+    assert config["setting"]["batch_scheduler"]["max_batch_size"] == 64
+    assert mounts(engine)["/usr/local/Ascend/driver"] == "ascend-driver"
+    assert volumes(pod)["ascend-driver"]["hostPath"]["path"] == "/usr/local/Ascend/driver"
+    assert "/etc/ascend_install.info" in mounts(engine)
+    assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/npu.chip.name": "910B2C"}
+    assert volumes(pod)["dshm"]["emptyDir"]["sizeLimit"] == "50Gi"
+
+
+def check_ksana_nvidia(cluster, ns, name):
+    check_ksana(cluster, ns, name, resource="nvidia.com/gpu", count=2, node="kunpeng-a100-0")
+
+
+def check_sysinfer(cluster, ns, name):
+    (pod,) = pods(cluster, ns, name, "decode")
+    engine = container(pod, "engine")
+    assert engine["command"] == ["./server"]
+    assert engine["args"] == ["/models/Baichuan2-13B-Chat-Q4_0.gguf", "-t", "0.0", "-n", "4096"]
+    assert engine["ports"][0]["containerPort"] == 7860
+    variables = env(engine)
+    assert variables["OMP_NUM_THREADS"] == "88"
+    # 22 physical cores on each of the 4 NUMA nodes of the 128-core/256-thread Kunpeng.
+    assert variables["GOMP_CPU_AFFINITY"] == "0-21,32-53,64-85,96-117"
+    assert variables["SYSHAX_QUANTIZE"] == "q4_0"
+    assert engine["resources"]["limits"]["cpu"] == "88"
+    assert pod["spec"]["nodeName"] == "kunpeng-cpu-0"
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    # CPU-only: the router sidecar lives in the decode pod, with a whole CPU of its own.
+    assert container(pod, "router")["resources"]["limits"]["cpu"] == "1"
+
+
+def check_builtin_cpu(cluster, ns, name):
+    (pod,) = pods(cluster, ns, name, "decode")
+    engine = container(pod, "engine")
+    assert engine["command"] == ["heteroserve-cpu-engine"]
+    assert env(engine)["OMP_NUM_THREADS"] == "4"
+    assert env(engine)["SYSHAX_QUANTIZE"] == "q8_0"
+    assert env(engine)["NRC"] == "2"
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    # anyNode prefers nodes without accelerators.
+    assert pod["spec"]["nodeName"] in {"kunpeng-cpu-0", "x86-cpu-0", "x86-cpu-1"}
+
+
+def check_builtin_pd(cluster, ns, name):
+    (prefill,) = pods(cluster, ns, name, "prefill")
+    decodes = pods(cluster, ns, name, "decode")
+    assert len(decodes) == 2
+    assert container(prefill, "engine")["args"][:6] == [
+        "--model", "/opt/heteroserve/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "--served-model-name", "SmolLM2-135M-Instruct", "--device", "cuda"]
+    for pod in decodes:
+        assert env(container(pod, "engine"))["CUSTOM_CPU_AFFINITY"] == "0-3,16-19"
+        assert pod["spec"]["nodeName"] in {"x86-cpu-0", "x86-cpu-1"}
+    get_json(cluster, "poddisruptionbudget", f"{name}-decode", "-n", ns)
+    router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
+        "data"]["router.yaml"])
+    assert router["cpu"]["url"] == f"http://{name}-decode.{ns}.svc:8002"
+    assert router["accelerator"]["url"] == "http://127.0.0.1:8001"
+
+
+CHECKS = {
+    "syshax-ds-32b": check_syshax_q8,
+    "syshax-ds-32b-q4": check_syshax_q4,
+    "gaudi-qwen2-72b": check_gaudi_qwen,
+    "gaudi-ds-r1-distill-llama-70b": check_gaudi_ds70b,
+    "ksana-ascend": check_ksana_ascend,
+    "ksana-nvidia": check_ksana_nvidia,
+    "sysinfer-baichuan2-13b": check_sysinfer,
+    "builtin-smollm2-cpu": check_builtin_cpu,
+    "builtin-gpu-prefill-cpu-decode": check_builtin_pd,
+}
+
+
+def test_every_sample_has_checks():
+    assert {p.stem for p in SAMPLES.glob("*.yaml")} == set(CHECKS)
+
+
+@pytest.mark.parametrize("sample", sorted(CHECKS))
+def test_sample_becomes_ready_with_seed_fields(cluster, operator, namespace, sample):
+    path = SAMPLES / f"{sample}.yaml"
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    obj = wait_ready(cluster, namespace, name)
+    status = obj["status"]
+    assert status["endpoint"] == f"http://{name}.{namespace}.svc:8010/v1"
+    for kind in ("PrefillReady", "DecodeReady", "RouterReady"):
+        assert any(c["type"] == kind and c["status"] == "True" for c in status["conditions"])
+    CHECKS[sample](cluster, namespace, name)
+    # Deleting the sample frees its cards and cores for the next one.
+    cluster.kubectl("delete", "inferencedeployment", name, "-n", namespace, "--wait=true")
+    cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", namespace, "--timeout=60s")
