@@ -1,0 +1,174 @@
+"""Reconcile behaviour on the real control plane: CEL refusals, self-healing, roll-outs,
+deletion, restarts and idleness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from heteroserve_operator.kube import KubeApi
+from heteroserve_operator.reconcile import Reconciler
+from tests.fixtures.invalid_specs import INVALID_SPECS
+from tests.integration.conftest import SAMPLES, condition, get_json, wait_for, wait_ready
+
+pytestmark = pytest.mark.integration
+
+SAMPLE = SAMPLES / "builtin-gpu-prefill-cpu-decode.yaml"
+NAME = "smollm2-pd"
+CHILDREN = ("deployment/smollm2-pd-prefill", "deployment/smollm2-pd-decode",
+            "service/smollm2-pd", "service/smollm2-pd-decode", "configmap/smollm2-pd-router",
+            "poddisruptionbudget/smollm2-pd-decode")
+
+
+def apply_sample(cluster, namespace: str) -> dict:
+    cluster.kubectl("apply", "-n", namespace, "-f", str(SAMPLE))
+    return wait_ready(cluster, namespace, NAME)
+
+
+def resource_versions(cluster, namespace: str) -> dict[str, str]:
+    versions = {}
+    for ref in (*CHILDREN, f"inferencedeployment/{NAME}"):
+        obj = get_json(cluster, ref, "-n", namespace)
+        versions[ref] = obj["metadata"]["resourceVersion"]
+    return versions
+
+
+@pytest.mark.parametrize(("name", "spec", "message"), INVALID_SPECS,
+                         ids=[n for n, _s, _m in INVALID_SPECS])
+def test_invalid_spec_is_refused_with_the_cel_message(cluster, crd_installed, namespace, name,
+                                                      spec, message):
+    document = {"apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+    refused = cluster.kubectl("apply", "-f", "-", stdin=json.dumps(document), check=False)
+    assert refused.returncode != 0
+    assert message in refused.stderr
+    assert cluster.kubectl("get", "inferencedeployment", name, "-n", namespace,
+                           check=False).returncode != 0
+
+
+def test_deleted_and_edited_children_are_restored(cluster, operator, namespace):
+    apply_sample(cluster, namespace)
+    before = get_json(cluster, "deployment", f"{NAME}-decode", "-n", namespace)
+    cluster.kubectl("delete", "service", f"{NAME}-decode", "-n", namespace)
+    cluster.kubectl("delete", "configmap", f"{NAME}-router", "-n", namespace)
+    cluster.kubectl("patch", "deployment", f"{NAME}-decode", "-n", namespace, "--type=json",
+                    "-p", json.dumps([
+                        {"op": "replace", "path": "/spec/replicas", "value": 5},
+                        {"op": "replace", "path": "/spec/template/spec/containers/0/env/0/value",
+                         "value": "9"}]))
+    wait_for(lambda: cluster.kubectl("get", "service", f"{NAME}-decode", "-n", namespace,
+                                     check=False).returncode == 0,
+             what="the decode Service to come back")
+    wait_for(lambda: cluster.kubectl("get", "configmap", f"{NAME}-router", "-n", namespace,
+                                     check=False).returncode == 0,
+             what="the router ConfigMap to come back")
+
+    def restored():
+        now = get_json(cluster, "deployment", f"{NAME}-decode", "-n", namespace)
+        return (now["spec"]["replicas"] == 2 and now["spec"]["template"]["spec"]["containers"][0]
+                ["env"] == before["spec"]["template"]["spec"]["containers"][0]["env"])
+
+    wait_for(restored, what="the hand edit of the decode Deployment to be reverted")
+    wait_ready(cluster, namespace, NAME)
+
+
+def test_spec_change_rolls_out(cluster, operator, namespace):
+    apply_sample(cluster, namespace)
+    cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"decode": {"cpus": 16, "quantization": "q4_0"}}}))
+    obj = wait_ready(cluster, namespace, NAME)
+    assert obj["status"]["observedGeneration"] == 2
+    assert obj["status"]["numaPlans"][0]["cpus"] == "0-7,16-23"
+    pods = get_json(cluster, "pods", "-n", namespace, "-l",
+                    f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=decode")
+    live = [p for p in pods["items"] if not p["metadata"].get("deletionTimestamp")]
+    wait_for(lambda: len([p for p in get_json(cluster, "pods", "-n", namespace, "-l",
+                          f"app.kubernetes.io/instance={NAME},app.kubernetes.io/component=decode"
+                          )["items"] if not p["metadata"].get("deletionTimestamp")]) == 2,
+             what="the old decode pods to go")
+    for pod in live:
+        env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+        if env["OMP_NUM_THREADS"] == "16":
+            assert env["SYSHAX_QUANTIZE"] == "q4_0" and env["NRC"] == "4"
+            assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "16"
+    # Scaling the decode tier to one replica prunes its PodDisruptionBudget.
+    cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"decode": {"replicas": 1}}}))
+    wait_for(lambda: cluster.kubectl("get", "pdb", f"{NAME}-decode", "-n", namespace,
+                                     check=False).returncode != 0,
+             what="the decode PodDisruptionBudget to be pruned")
+
+
+def test_deleting_the_inference_deployment_removes_every_child(cluster, operator, namespace):
+    apply_sample(cluster, namespace)
+    cluster.kubectl("delete", "inferencedeployment", NAME, "-n", namespace)
+
+    def all_gone():
+        listing = cluster.kubectl("get", "deployments,replicasets,pods,services,configmaps,pdb",
+                                  "-n", namespace, "-l", f"app.kubernetes.io/instance={NAME}",
+                                  "-o", "name").stdout.strip()
+        return listing == ""
+
+    wait_for(all_gone, timeout=90, what="the garbage collector to remove every child")
+
+
+def test_impossible_numa_request_is_degraded_with_the_rule(cluster, operator, namespace):
+    document = yaml.safe_load((SAMPLES / "syshax-ds-32b.yaml").read_text())
+    document["metadata"]["name"] = "too-big"
+    # 160 CPUs over 4 NUMA nodes of 40 with 4 reserved on each cannot be planned.
+    document["spec"]["decode"]["reservedCpusPerNumaNode"] = 4
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(document))
+
+    def degraded():
+        obj = get_json(cluster, "inferencedeployment", "too-big", "-n", namespace)
+        cond = condition(obj, "Degraded")
+        return cond if cond and cond["status"] == "True" else None
+
+    cond = wait_for(degraded, what="the Degraded condition")
+    assert cond["reason"] == "NumaPlanFailed"
+    assert "needs 40 CPUs on each, but NUMA node 0 of kunpeng-a100-0 has 40 of which 4 are " \
+           "reserved" in cond["message"]
+    events = get_json(cluster, "events", "-n", namespace,
+                      "--field-selector", "involvedObject.name=too-big")["items"]
+    assert any(e["reason"] == "NumaPlanFailed" and e["type"] == "Warning" for e in events)
+    assert cluster.kubectl("get", "deployment", "too-big-decode", "-n", namespace,
+                           check=False).returncode != 0
+
+
+def test_hundred_reconciles_of_an_unchanged_spec_make_no_writes(cluster, operator, namespace):
+    apply_sample(cluster, namespace)
+    wait_for(lambda: resource_versions(cluster, namespace) == resource_versions(
+        cluster, namespace), what="the objects to settle")
+    before = resource_versions(cluster, namespace)
+    registry = CollectorRegistry()
+    reconciler = Reconciler(KubeApi(cluster.api_client(), registry), registry)
+    for _ in range(100):
+        outcome = reconciler.reconcile_by_name(namespace, NAME)
+        assert outcome.error is None
+        assert outcome.applied == () and outcome.pruned == () and not outcome.status_written
+    assert registry.get_sample_value("heteroserve_operator_api_writes_total") is None
+    assert registry.get_sample_value("heteroserve_operator_reconciles_total",
+                                     {"result": "ok"}) == 100
+    assert resource_versions(cluster, namespace) == before
+
+
+def test_restarting_the_operator_changes_nothing(cluster, operator, namespace):
+    apply_sample(cluster, namespace)
+    before = resource_versions(cluster, namespace)
+    operator.stop()
+    operator.start()
+    # The new process lists and reconciles every InferenceDeployment at start-up.
+    wait_for(lambda: operator.metric("heteroserve_operator_reconciles_total", result="ok") >= 1,
+             what="the restarted operator to reconcile")
+    def live_objects() -> int:
+        items = json.loads(cluster.kubectl("get", "inferencedeployments", "-A", "-o", "json"
+                                           ).stdout)["items"]
+        return len([i for i in items if not i["metadata"].get("deletionTimestamp")])
+
+    wait_for(lambda: operator.metric("heteroserve_operator_reconciles_total") >= live_objects(),
+             what="the restarted operator to reconcile every object")
+    assert operator.metric("heteroserve_operator_api_writes_total") == 0
+    assert resource_versions(cluster, namespace) == before
