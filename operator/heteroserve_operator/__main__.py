@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from .kube import KubeApi
 from .reconcile import Reconciler
 from .settings import OperatorSettings
+from .workqueue import WorkQueue
 
 
 def api_client() -> k8s.ApiClient:
@@ -47,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
-    reconciler = Reconciler(KubeApi(api_client(), registry), registry)
+    reconciler = Reconciler(KubeApi(api_client(), registry), registry,
+                            facts_ttl_seconds=settings.facts_ttl_seconds)
+    queue = WorkQueue(reconciler.reconcile_by_name, settings.workers)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf.run(
@@ -57,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         priority=args.priority,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(reconciler=reconciler, settings=settings),
+        memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings),
     )
     return 0
 

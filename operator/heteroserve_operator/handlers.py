@@ -2,7 +2,8 @@
 
 State-driven, not event-driven: the InferenceDeployment's own watch events, its children's
 events, EndpointSlice changes of its Service, and a periodic resync all call
-`Reconciler.reconcile`. No kopf progress storage or finalizers are used, so an idle operator writes
+`Reconciler.reconcile` through a deduplicating work queue. No kopf progress storage or
+finalizers are used, so an idle operator writes
 nothing. The Reconciler arrives through kopf's `memo` (built in __main__).
 """
 
@@ -27,7 +28,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     settings.posting.enabled = False
     settings.watching.server_timeout = memo.settings.watch_timeout_seconds
     settings.watching.client_timeout = memo.settings.watch_timeout_seconds + 30
-    settings.execution.max_workers = memo.settings.workers
+    memo.queue.start()
     memo.resync_task = asyncio.create_task(_resync(memo))
 
 
@@ -36,6 +37,7 @@ async def stop_resync(memo: kopf.Memo, **_) -> None:
     task = getattr(memo, "resync_task", None)
     if task:
         task.cancel()
+    memo.queue.stop()
 
 
 async def _resync(memo: kopf.Memo) -> None:
@@ -46,22 +48,17 @@ async def _resync(memo: kopf.Memo) -> None:
         try:
             items = await loop.run_in_executor(None, memo.reconciler.kube.list_all_owners)
             for namespace, name in items:
-                await loop.run_in_executor(None, memo.reconciler.reconcile_by_name,
-                                           namespace, name)
+                memo.queue.add(namespace, name)
         except Exception:
             log.exception("periodic resync failed; retrying at the next interval")
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
+async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
+                                       **_) -> None:
     if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
         return  # owner references let the garbage collector remove the children
-    memo.reconciler.reconcile(dict(body))
-
-
-def _owner_changed(namespace: str | None, name: str | None, memo: kopf.Memo) -> None:
-    if namespace and name:
-        memo.reconciler.reconcile_by_name(namespace, name)
+    memo.queue.add(body.metadata.namespace, body.metadata.name)
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=CHILD_LABELS)
@@ -70,7 +67,9 @@ def _owner_changed(namespace: str | None, name: str | None, memo: kopf.Memo) -> 
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT,
                                         "app.kubernetes.io/component": "decode"})
-def child_changed(body: kopf.Body, memo: kopf.Memo, **_) -> None:
+async def child_changed(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     # EndpointSlices carry their Service's labels, so a router endpoint turning ready updates
     # RouterReady without waiting for the resync.
-    _owner_changed(body.metadata.namespace, body.metadata.labels.get(LABEL_OWNER), memo)
+    owner = body.metadata.labels.get(LABEL_OWNER)
+    if owner:
+        memo.queue.add(body.metadata.namespace, owner)

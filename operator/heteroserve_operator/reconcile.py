@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,30 @@ def cluster_facts(nodes: list[dict[str, Any]], topologies: list[dict[str, Any]]
     return ClusterFacts(tuple(facts))
 
 
+class FactsCache:
+    """Nodes and NodeResourceTopologies, listed at most once per `ttl` seconds: every reconcile
+    needs them, and they change rarely. A node change is seen within `ttl`."""
+
+    def __init__(self, kube: KubeApi, ttl: float):
+        self.kube, self.ttl = kube, ttl
+        self._lock = threading.Lock()
+        self._facts: ClusterFacts | None = None
+        self._at = 0.0
+
+    def get(self) -> ClusterFacts:
+        with self._lock:
+            if self._facts is None or time.monotonic() - self._at >= self.ttl:
+                self._facts = cluster_facts(self.kube.nodes(),
+                                            self.kube.node_resource_topologies())
+                self._at = time.monotonic()
+            return self._facts
+
+
 class Reconciler:
-    def __init__(self, kube: KubeApi, registry: CollectorRegistry | None = None):
+    def __init__(self, kube: KubeApi, registry: CollectorRegistry | None = None,
+                 facts_ttl_seconds: float = 10.0):
         self.kube = kube
+        self.facts = FactsCache(kube, facts_ttl_seconds)
         self.reconciles = Counter("heteroserve_operator_reconciles",
                                   "Reconciles of InferenceDeployments", ["result"],
                                   registry=registry)
@@ -97,16 +119,16 @@ class Reconciler:
             message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
                                 for e in error.errors())
             return self._fail(body, previous, generation, now, "InvalidSpec", message)
-        facts = cluster_facts(self.kube.nodes(), self.kube.node_resource_topologies())
+        facts = self.facts.get()
         try:
             rendered = render(spec, owner, facts)
         except NumaPlanError as error:
             return self._fail(body, previous, generation, now, "NumaPlanFailed", str(error))
         try:
-            applied, pruned = self._sync_children(owner, rendered)
+            applied, pruned, deployments = self._sync_children(owner, rendered)
         except ApiError as error:
             return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
-        observed = self._observe(owner, spec, facts)
+        observed = self._observe(owner, spec, facts, deployments)
         status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
                                 placement=rendered.placement, observed=observed)
         written = self._write_status(body, previous, status)
@@ -135,7 +157,10 @@ class Reconciler:
         managed = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
         return f"{LABEL_OWNER}={owner.name},{managed}"
 
-    def _sync_children(self, owner: Owner, rendered: Rendered) -> tuple[list[str], list[str]]:
+    def _sync_children(self, owner: Owner, rendered: Rendered
+                       ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
+        """Applies what differs and prunes what is no longer desired; returns the live
+        Deployments too (re-read when one was applied, for their status)."""
         desired = {(c["apiVersion"], c["kind"], c["metadata"]["name"]): c
                    for c in rendered.children}
         live: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -160,13 +185,16 @@ class Reconciler:
         if applied or pruned:
             log.info("%s/%s: applied %s, pruned %s", owner.namespace, owner.name, applied,
                      pruned)
-        return applied, pruned
+        deployment = KINDS[("apps/v1", "Deployment")]
+        if any(a.startswith("Deployment/") for a in applied):
+            deployments = self.kube.list(deployment, owner.namespace, self._selector(owner))
+        else:
+            deployments = [item for key, item in live.items() if key[1] == "Deployment"]
+        return applied, pruned, deployments
 
-    def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts
-                 ) -> Observed:
-        deployments = {d["metadata"]["labels"].get(LABEL_COMPONENT): d
-                       for d in self.kube.list(KINDS[("apps/v1", "Deployment")],
-                                               owner.namespace, self._selector(owner))}
+    def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts,
+                 listed: list[dict[str, Any]]) -> Observed:
+        deployments = {d["metadata"]["labels"].get(LABEL_COMPONENT): d for d in listed}
         ready_endpoints = sum(
             1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
             for e in s.get("endpoints", []) or []

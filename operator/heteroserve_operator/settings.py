@@ -12,8 +12,10 @@ class OperatorSettings:
     resync_seconds: float = 300.0
     # Seconds a watch request stays open before kopf re-establishes it.
     watch_timeout_seconds: int = 300
-    # Threads for synchronous handlers (each reconcile is a few blocking API calls).
-    workers: int = 16
+    # Reconcile worker threads (each reconcile is a few blocking API calls).
+    workers: int = 8
+    # Seconds a listing of nodes and NodeResourceTopologies is reused across reconciles.
+    facts_ttl_seconds: float = 10.0
     # Port of the Prometheus /metrics endpoint (0: none).
     metrics_port: int = 8080
     # host:port of kopf's liveness endpoint (/healthz), or None.

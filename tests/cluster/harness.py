@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from .catalogue import NRT_GROUP, NRT_PLURAL, load_catalogue
+from .catalogue import NRT_GROUP, NRT_PLURAL, FakeNode, load_catalogue
 from .pki import ClusterPKI
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +87,8 @@ class ControlPlane:
 
     workdir: Path
     log: Callable[[str], None] = print
+    # The fake nodes to create; default: the seeds' machines of nodes.yaml.
+    nodes: list[FakeNode] | None = None
     kubeconfig: Path = field(init=False)
     ports: dict[str, int] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
@@ -220,7 +222,7 @@ class ControlPlane:
         self.kubectl("apply", "--server-side", "-f", str(HERE / "noderesourcetopology-crd.yaml"))
         self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
                      f"crd/{NRT_PLURAL}.{NRT_GROUP}")
-        nodes = load_catalogue()
+        nodes = self.nodes if self.nodes is not None else load_catalogue()
         for node in nodes:
             manifest = node.node_manifest()
             existing = self.kubectl("get", "node", node.name, "-o", "json", check=False)
@@ -234,8 +236,8 @@ class ControlPlane:
                          stdin=json.dumps(node.topology_manifest(uid)))
         if start_kwok:
             self._start_kwok()
-        names = " ".join(f"node/{node.name}" for node in nodes)
-        self.kubectl("wait", "--for=condition=Ready", "--timeout=120s", *names.split())
+        self.kubectl("wait", "--for=condition=Ready", "--timeout=300s",
+                     *(f"node/{node.name}" for node in nodes))
 
     def _start_kwok(self) -> None:
         kwok = BIN / "kwok" if (BIN / "kwok").exists() else shutil.which("kwok")

@@ -1,0 +1,68 @@
+"""A deduplicating work queue between kopf's watch handlers and the reconciler.
+
+Watches fire in bursts (a Deployment's status, its pods, its EndpointSlices all change within a
+second); the queue collapses every trigger for one InferenceDeployment that arrives while it is
+waiting or being reconciled into one more reconcile, as controller-runtime's workqueue does. A key
+is never reconciled by two workers at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+
+
+class WorkQueue:
+    def __init__(self, work: Callable[[str, str], object], workers: int):
+        self._work = work
+        self._cond = threading.Condition()
+        self._pending: dict[Key, None] = {}   # insertion-ordered set
+        self._active: set[Key] = set()
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._run, name=f"reconcile-{i}", daemon=True)
+                         for i in range(workers)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def add(self, namespace: str, name: str) -> None:
+        with self._cond:
+            self._pending[(namespace, name)] = None
+            self._cond.notify()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def _next(self) -> Key | None:
+        with self._cond:
+            while not self._stopped:
+                key = next((k for k in self._pending if k not in self._active), None)
+                if key is not None:
+                    del self._pending[key]
+                    self._active.add(key)
+                    return key
+                self._cond.wait()
+            return None
+
+    def _run(self) -> None:
+        while (key := self._next()) is not None:
+            try:
+                self._work(*key)
+            except Exception:
+                log.exception("reconcile of %s/%s failed; the next trigger or resync retries",
+                              *key)
+            finally:
+                with self._cond:
+                    self._active.discard(key)
+                    self._cond.notify_all()
