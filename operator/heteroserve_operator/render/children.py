@@ -36,6 +36,22 @@ class Rendered:
     endpoint: str
 
 
+def possible_children(name: str) -> tuple[tuple[str, str, str], ...]:
+    """Every (apiVersion, kind, name) a render of `name` can produce: what the reconciler reads
+    and, when no longer desired, prunes."""
+    return (
+        ("v1", "ConfigMap", f"{name}-router"),
+        ("v1", "ConfigMap", f"{name}-engine"),
+        ("v1", "Service", name),
+        ("v1", "Service", f"{name}-decode"),
+        ("apps/v1", "Deployment", f"{name}-prefill"),
+        ("apps/v1", "Deployment", f"{name}-decode"),
+        ("policy/v1", "PodDisruptionBudget", f"{name}-prefill"),
+        ("policy/v1", "PodDisruptionBudget", f"{name}-decode"),
+        ("networking.k8s.io/v1", "Ingress", name),
+    )
+
+
 def prefill_engine(spec: InferenceDeploymentSpec) -> EngineContainer | None:
     if spec.prefill is None:
         return None

@@ -1,0 +1,165 @@
+"""Pure rendering: spec + cluster facts -> manifests, no cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from heteroserve_operator.api import InferenceDeploymentSpec
+from heteroserve_operator.numa import NumaPlanError
+from heteroserve_operator.reconcile import cluster_facts, is_subset
+from heteroserve_operator.render.children import render
+from heteroserve_operator.render.facts import ClusterFacts, topology_from_labels
+from heteroserve_operator.render.meta import SPEC_HASH, Owner
+from heteroserve_operator.status import compute_status, transitions
+from tests.cluster.catalogue import load_catalogue
+
+OWNER = Owner("m", "ns", "uid-1")
+FACTS = cluster_facts([n.node_manifest() for n in load_catalogue()],
+                      [n.topology_manifest() for n in load_catalogue()])
+
+
+def spec(**overrides) -> InferenceDeploymentSpec:
+    base = {"model": {"name": "m", "path": "/models/m"}, "decode": {"cpus": 4}}
+    base.update(overrides)
+    return InferenceDeploymentSpec.model_validate(base)
+
+
+def by_kind(rendered) -> dict[str, list[dict]]:
+    kinds: dict[str, list[dict]] = {}
+    for child in rendered.children:
+        kinds.setdefault(child["kind"], []).append(child)
+    return kinds
+
+
+def test_every_child_is_owned_labelled_and_hashed():
+    rendered = render(spec(), OWNER, FACTS)
+    for child in rendered.children:
+        meta = child["metadata"]
+        assert meta["ownerReferences"] == [OWNER.reference()]
+        assert meta["labels"]["heteroserve.io/inference-deployment"] == "m"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "heteroserve-operator"
+        assert len(meta["annotations"][SPEC_HASH]) == 16
+
+
+def test_rendering_is_deterministic_and_hash_tracks_the_spec():
+    one = render(spec(), OWNER, FACTS).children
+    assert one == render(spec(), OWNER, FACTS).children
+    other = render(spec(decode={"cpus": 8}), OWNER, FACTS).children
+    hashes = lambda children: {c["metadata"]["name"] + c["kind"]:  # noqa: E731
+                               c["metadata"]["annotations"][SPEC_HASH] for c in children}
+    assert hashes(one)["m-decodeDeployment"] != hashes(other)["m-decodeDeployment"]
+    assert hashes(one)["mService"] == hashes(other)["mService"]
+
+
+def test_ingress_and_service_type():
+    rendered = render(spec(ingress={"enabled": True, "host": "llm.example.com",
+                                    "className": "nginx", "tlsSecretName": "llm-tls"},
+                           service={"type": "LoadBalancer", "port": 80}), OWNER, FACTS)
+    (ingress,) = by_kind(rendered)["Ingress"]
+    assert ingress["spec"]["ingressClassName"] == "nginx"
+    assert ingress["spec"]["tls"] == [{"secretName": "llm-tls", "hosts": ["llm.example.com"]}]
+    rule = ingress["spec"]["rules"][0]
+    assert rule["host"] == "llm.example.com"
+    assert rule["http"]["paths"][0]["backend"]["service"] == {"name": "m",
+                                                              "port": {"name": "http"}}
+    service = next(s for s in by_kind(rendered)["Service"] if s["metadata"]["name"] == "m")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["ports"][0]["port"] == 80
+    assert rendered.endpoint == "http://m.ns.svc:80/v1"
+
+
+def test_pdb_only_for_replicated_tiers():
+    assert "PodDisruptionBudget" not in by_kind(render(spec(), OWNER, FACTS))
+    (pdb,) = by_kind(render(spec(decode={"cpus": 4, "replicas": 3}), OWNER, FACTS))[
+        "PodDisruptionBudget"]
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_restricted_pod_security_for_cpu_pods():
+    (decode,) = by_kind(render(spec(), OWNER, FACTS))["Deployment"]
+    pod = decode["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False
+        assert context["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_same_node_needs_an_accelerator_node_with_room():
+    too_big = spec(prefill={"accelerator": {"type": "nvidia", "count": 2},
+                            "engine": {"kind": "vllm"}},
+                   decode={"cpus": 200, "placement": "sameNode"})
+    with pytest.raises(NumaPlanError, match="no node can hold a decode pod of 200 CPUs next to "
+                                            "the prefill accelerators"):
+        render(too_big, OWNER, FACTS)
+
+
+def test_without_any_published_topology_the_engine_replans():
+    rendered = render(spec(decode={"cpus": 4, "numaNodes": 2}), OWNER, ClusterFacts())
+    assert rendered.placement.nodes == ()
+    assert rendered.placement.plan.cpu_list == "0-3"
+    assert rendered.placement.plan.threads == 4
+
+
+def test_topology_from_labels():
+    topology = topology_from_labels("n", {"heteroserve.io/numa-nodes": "2",
+                                          "heteroserve.io/cpus-per-numa-node": "8",
+                                          "feature.node.kubernetes.io/cpu-hardware_multithreading":
+                                          "true"})
+    assert [n.cpus for n in topology.numa_nodes] == [(0, 1, 2, 3, 8, 9, 10, 11),
+                                                    (4, 5, 6, 7, 12, 13, 14, 15)]
+    assert topology_from_labels("n", {}) is None
+
+
+def test_field_subset_drift_check():
+    desired = {"spec": {"replicas": 2, "template": {"containers": [{"name": "a", "env": []}]}}}
+    live = {"spec": {"replicas": 2, "paused": False,
+                     "template": {"containers": [{"name": "a", "env": [],
+                                                  "terminationMessagePath": "/x"}]}}}
+    assert is_subset(desired, live)
+    live["spec"]["replicas"] = 5
+    assert not is_subset(desired, live)
+    assert not is_subset({"a": [1, 2]}, {"a": [1]})
+
+
+def test_status_conditions_and_transition_events():
+    from heteroserve_operator.status import Observed
+
+    s = spec()
+    waiting = compute_status(s, 1, {}, "t0", endpoint="e", observed=Observed(
+        decode={"metadata": {"generation": 1},
+                "status": {"observedGeneration": 1, "readyReplicas": 0}}))
+    ready_cond = next(c for c in waiting["conditions"] if c["type"] == "Ready")
+    assert ready_cond["status"] == "False" and "DecodeReady" in ready_cond["message"]
+    ready = compute_status(s, 1, waiting, "t1", endpoint="e", observed=Observed(
+        decode={"metadata": {"generation": 1}, "status": {
+            "observedGeneration": 1, "readyReplicas": 1, "updatedReplicas": 1}},
+        router_ready_endpoints=1))
+    assert next(c for c in ready["conditions"] if c["type"] == "Ready")["status"] == "True"
+    # Unchanged conditions keep their transition time.
+    prefill = next(c for c in ready["conditions"] if c["type"] == "PrefillReady")
+    assert prefill["lastTransitionTime"] == "t0"
+    events = transitions(waiting, ready)
+    assert ("Normal", "Ready", "serving") in events
+    failed = compute_status(s, 2, ready, "t2", error=("NumaPlanFailed", "rule"))
+    assert ("Warning", "NumaPlanFailed", "rule") in transitions(ready, failed)
+    assert failed["endpoint"] == "e"  # kept while degraded
+
+
+@pytest.mark.parametrize("sample", sorted(
+    p.stem for p in (__import__("pathlib").Path(__file__).parents[2] / "crds" / "samples")
+    .glob("*.yaml")))
+def test_every_rendered_child_is_a_possible_child(sample):
+    """The reconciler reads (and prunes) children by these names only."""
+    import yaml
+
+    from heteroserve_operator.render.children import possible_children
+
+    path = __import__("pathlib").Path(__file__).parents[2] / "crds" / "samples" / f"{sample}.yaml"
+    document = yaml.safe_load(path.read_text())
+    owner = Owner(document["metadata"]["name"], "ns", "u")
+    rendered = render(InferenceDeploymentSpec.model_validate(document["spec"]), owner, FACTS)
+    keys = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in rendered.children}
+    assert keys <= set(possible_children(owner.name))
