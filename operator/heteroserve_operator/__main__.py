@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         start_http_server(settings.metrics_port, registry=registry)
     reconciler = Reconciler(KubeApi(api_client(), registry), registry,
                             facts_ttl_seconds=settings.facts_ttl_seconds)
-    queue = WorkQueue(reconciler.reconcile_by_name, settings.workers)
+    queue = WorkQueue(reconciler.reconcile_by_name, settings.workers,
+                      settings.min_reconcile_interval_seconds)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf.run(

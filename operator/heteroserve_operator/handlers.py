@@ -26,6 +26,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     # kopf's per-handler success events would be writes on every reconcile; the reconciler
     # posts Events for condition transitions itself.
     settings.posting.enabled = False
+    # One log line per watch event is noise at scale; reconciles log what they change.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     settings.watching.server_timeout = memo.settings.watch_timeout_seconds
     settings.watching.client_timeout = memo.settings.watch_timeout_seconds + 30
     memo.queue.start()

@@ -14,6 +14,9 @@ class OperatorSettings:
     watch_timeout_seconds: int = 300
     # Reconcile worker threads (each reconcile is a few blocking API calls).
     workers: int = 8
+    # Seconds between two reconciles of one InferenceDeployment: a burst of child events
+    # (Deployment status, pods, EndpointSlices) is served by one or two reconciles.
+    min_reconcile_interval_seconds: float = 1.0
     # Seconds a listing of nodes and NodeResourceTopologies is reused across reconciles.
     facts_ttl_seconds: float = 10.0
     # Port of the Prometheus /metrics endpoint (0: none).

@@ -2,14 +2,16 @@
 
 Watches fire in bursts (a Deployment's status, its pods, its EndpointSlices all change within a
 second); the queue collapses every trigger for one InferenceDeployment that arrives while it is
-waiting or being reconciled into one more reconcile, as controller-runtime's workqueue does. A key
-is never reconciled by two workers at once.
+waiting or being reconciled into one more reconcile, as controller-runtime's workqueue does, and
+reconciles one key at most once per `min_interval` seconds so that a burst costs one or two
+reconciles rather than one per event. A key is never reconciled by two workers at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -17,8 +19,11 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 class WorkQueue:
-    def __init__(self, work: Callable[[str, str], object], workers: int):
+    def __init__(self, work: Callable[[str, str], object], workers: int,
+                 min_interval: float = 0.0):
         self._work = work
+        self._min_interval = min_interval
+        self._last: dict[Key, float] = {}
         self._cond = threading.Condition()
         self._pending: dict[Key, None] = {}   # insertion-ordered set
         self._active: set[Key] = set()
@@ -47,12 +52,18 @@ class WorkQueue:
     def _next(self) -> Key | None:
         with self._cond:
             while not self._stopped:
-                key = next((k for k in self._pending if k not in self._active), None)
-                if key is not None:
-                    del self._pending[key]
-                    self._active.add(key)
-                    return key
-                self._cond.wait()
+                now = time.monotonic()
+                wait: float | None = None
+                for key in self._pending:
+                    if key in self._active:
+                        continue
+                    ready_at = self._last.get(key, 0.0) + self._min_interval
+                    if ready_at <= now:
+                        del self._pending[key]
+                        self._active.add(key)
+                        return key
+                    wait = ready_at - now if wait is None else min(wait, ready_at - now)
+                self._cond.wait(wait)
             return None
 
     def _run(self) -> None:
@@ -65,4 +76,8 @@ class WorkQueue:
             finally:
                 with self._cond:
                     self._active.discard(key)
+                    self._last[key] = time.monotonic()
+                    if len(self._last) > 4 * (len(self._pending) + 1024):
+                        horizon = time.monotonic() - self._min_interval
+                        self._last = {k: t for k, t in self._last.items() if t > horizon}
                     self._cond.notify_all()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def main() -> int:
     parser.add_argument("--resync-seconds", type=float, default=30)
     parser.add_argument("--timeout", type=float, default=1800)
     args = parser.parse_args()
+    # A SIGTERM (timeout, pkill) unwinds through `finally`, which stops the cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="heteroserve-bench-"))
     plane = ControlPlane(workdir / "cluster", log=lambda m: print(m, file=sys.stderr),

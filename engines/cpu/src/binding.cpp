@@ -1,0 +1,162 @@
+// The one binding module: a small typed surface over the C kernels (heteroserve_cpu/_kernels.pyi
+// mirrors it; tests/unit check that the stub and the module agree).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "kernels.h"
+#include "model.h"
+#include "threadpool.h"
+}
+
+namespace nb = nanobind;
+using u8array = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using f32array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using i32array = nb::ndarray<const int32_t, nb::c_contig, nb::device::cpu>;
+
+static const hs_kernels *kernels_named(const std::string &name) {
+    if (name.empty()) return hs_kernels_select();
+    const hs_kernels *k = hs_kernels_by_name(name.c_str());
+    if (!k) throw std::invalid_argument("kernel variant '" + name + "' is not available on this CPU "
+                                        "(available: " + hs_kernels_available() + ")");
+    return k;
+}
+
+struct Pool {
+    hs_pool *pool = nullptr;
+    std::vector<int> cpus;
+    Pool(const std::vector<int> &cpu_list, int threads, bool pin_caller) {
+        if (threads < 1) throw std::invalid_argument("threads must be >= 1");
+        if (!cpu_list.empty() && (int)cpu_list.size() != threads)
+            throw std::invalid_argument("the thread count must equal the number of bound CPUs");
+        cpus = cpu_list;
+        pool = hs_pool_create(threads, cpus.empty() ? nullptr : cpus.data(), pin_caller);
+        if (!pool) throw std::runtime_error("could not start the thread pool");
+    }
+    ~Pool() { hs_pool_destroy(pool); }
+    int size() const { return hs_pool_size(pool); }
+};
+
+struct Model {
+    hs_model *m = nullptr;
+    Pool *pool;
+    Model(Pool &p, int n_layer, int n_embd, int n_head, int n_head_kv, int head_dim, int n_ff,
+          int n_vocab, int rope_neox, float eps, float rope_base, const std::string &kernels,
+          int nrc)
+        : pool(&p) {
+        hs_config c{n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_neox, eps,
+                    rope_base};
+        m = hs_model_create(&c, p.pool, kernels_named(kernels), nrc);
+        if (!m) throw std::invalid_argument("unsupported model shape (dimensions must be multiples "
+                                            "of 32 and heads a multiple of KV heads)");
+    }
+    ~Model() { hs_model_destroy(m); }
+    void set(int which, int layer, int type, int rows, int cols, u8array data) {
+        if (data.size() < hs_row_bytes(type, cols) * (size_t)rows)
+            throw std::invalid_argument("tensor buffer smaller than rows x row bytes");
+        if (hs_model_set(m, which, layer, type, rows, cols, data.data()) != 0)
+            throw std::invalid_argument("tensor " + std::to_string(which) + " of layer " +
+                                        std::to_string(layer) + ": unexpected shape or type");
+    }
+    void alloc_kv(int n_blocks, int block_size) {
+        if (n_blocks < 1 || block_size < 1 || hs_model_alloc_kv(m, n_blocks, block_size) != 0)
+            throw std::runtime_error("could not allocate the KV cache");
+    }
+    nb::ndarray<nb::numpy, float, nb::ndim<2>> forward(i32array tokens, i32array pos, i32array seq,
+                                                       i32array block_tables, i32array logit_index) {
+        const int n = (int)tokens.size();
+        if ((int)pos.size() != n || (int)seq.size() != n || block_tables.ndim() != 2)
+            throw std::invalid_argument("tokens, pos and seq must have one entry per token; "
+                                        "block_tables is [n_seqs, max_blocks]");
+        const int n_logits = (int)logit_index.size();
+        const int vocab = hs_model_config(m)->n_vocab;
+        float *out = new float[(size_t)(n_logits ? n_logits : 1) * vocab];
+        int rc;
+        {
+            nb::gil_scoped_release release;
+            rc = hs_model_forward(m, n, tokens.data(), pos.data(), seq.data(), block_tables.data(),
+                                  (int)block_tables.shape(0), (int)block_tables.shape(1),
+                                  logit_index.data(), n_logits, out);
+        }
+        if (rc != 0) {
+            delete[] out;
+            throw std::invalid_argument("forward: a token, position, sequence, block or logit "
+                                        "index is out of range");
+        }
+        nb::capsule owner(out, [](void *p) noexcept { delete[] (float *)p; });
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)n_logits, (size_t)vocab},
+                                                          owner);
+    }
+    size_t weight_bytes() const { return hs_model_weight_bytes(m); }
+    size_t kv_bytes() const { return hs_model_kv_bytes(m); }
+};
+
+static nb::bytes quantize(int type, f32array x) {
+    const size_t n = x.size();
+    if (n % HS_QK) throw std::invalid_argument("length must be a multiple of 32");
+    std::string out(hs_row_bytes(type, (int64_t)n), '\0');
+    if (type == HS_Q8_0) hs_quantize_row_q8_0(x.data(), (block_q8_0 *)out.data(), (int)n);
+    else if (type == HS_Q4_0) hs_quantize_row_q4_0(x.data(), (block_q4_0 *)out.data(), (int)n);
+    else throw std::invalid_argument("quantize supports q8_0 (8) and q4_0 (2)");
+    return nb::bytes(out.data(), out.size());
+}
+
+static nb::ndarray<nb::numpy, float, nb::ndim<1>> dequantize(int type, u8array data, int n) {
+    if (data.size() < hs_row_bytes(type, n)) throw std::invalid_argument("buffer too small");
+    float *out = new float[n];
+    hs_dequantize_row(type, data.data(), out, n);
+    nb::capsule owner(out, [](void *p) noexcept { delete[] (float *)p; });
+    return nb::ndarray<nb::numpy, float, nb::ndim<1>>(out, {(size_t)n}, owner);
+}
+
+// out[n][rows] = x[n][cols] @ W^T with W given as `rows` quantized rows.
+static nb::ndarray<nb::numpy, float, nb::ndim<2>> matmul(Pool &pool, int type, int rows, int cols,
+                                                         u8array w, f32array x,
+                                                         const std::string &kernels, int nrc) {
+    if (w.size() < hs_row_bytes(type, cols) * (size_t)rows || x.size() % (size_t)cols)
+        throw std::invalid_argument("matmul: buffer sizes do not match rows x cols");
+    const int n = (int)(x.size() / cols);
+    hs_mat mat{type, rows, cols, hs_row_bytes(type, cols), (void *)w.data()};
+    float *out = new float[(size_t)n * rows];
+    const hs_kernels *k = kernels_named(kernels);
+    {
+        nb::gil_scoped_release release;
+        hs_matmul(pool.pool, k, nrc, &mat, n, x.data(), out);
+    }
+    nb::capsule owner(out, [](void *p) noexcept { delete[] (float *)p; });
+    return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)n, (size_t)rows}, owner);
+}
+
+NB_MODULE(_kernels, mod) {
+    mod.doc() = "heteroserve CPU kernels (C), behind heteroserve_cpu's typed API";
+    mod.def("selected_variant", [] { return std::string(hs_kernels_select()->name); });
+    mod.def("available_variants", [] { return std::string(hs_kernels_available()); });
+    mod.def("quantize", &quantize, nb::arg("type"), nb::arg("x"));
+    mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
+    mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
+            nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 2);
+    nb::class_<Pool>(mod, "Pool")
+        .def(nb::init<const std::vector<int> &, int, bool>(), nb::arg("cpus"), nb::arg("threads"),
+             nb::arg("pin_caller") = false)
+        .def_prop_ro("size", &Pool::size)
+        .def_ro("cpus", &Pool::cpus);
+    nb::class_<Model>(mod, "Model")
+        .def(nb::init<Pool &, int, int, int, int, int, int, int, int, float, float,
+                      const std::string &, int>(),
+             nb::arg("pool"), nb::arg("n_layer"), nb::arg("n_embd"), nb::arg("n_head"),
+             nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("n_ff"), nb::arg("n_vocab"),
+             nb::arg("rope_neox"), nb::arg("eps"), nb::arg("rope_base"), nb::arg("kernels") = "",
+             nb::arg("nrc") = 2, nb::keep_alive<1, 2>())
+        .def("set", &Model::set)
+        .def("alloc_kv", &Model::alloc_kv)
+        .def("forward", &Model::forward)
+        .def_prop_ro("weight_bytes", &Model::weight_bytes)
+        .def_prop_ro("kv_bytes", &Model::kv_bytes);
+}

@@ -1,0 +1,68 @@
+/* Runtime ISA dispatch: one wheel per architecture runs on every CPU of it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__x86_64__)
+static int has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+static int has_avx512vnni(void) {
+    __builtin_cpu_init();
+    return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+const hs_kernels *hs_kernels_neon(void) { return NULL; }
+const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
+#define VARIANTS {&hs_kernels_ref, has_avx2() ? hs_kernels_avx2() : NULL, \
+                  has_avx512vnni() ? hs_kernels_avx512() : NULL}
+#elif defined(__aarch64__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)
+#endif
+const hs_kernels *hs_kernels_avx2(void) { return NULL; }
+const hs_kernels *hs_kernels_avx512(void) { return NULL; }
+static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+#define VARIANTS {&hs_kernels_ref, hs_kernels_neon(), has_dotprod() ? hs_kernels_dotprod() : NULL}
+#else
+const hs_kernels *hs_kernels_avx2(void) { return NULL; }
+const hs_kernels *hs_kernels_avx512(void) { return NULL; }
+const hs_kernels *hs_kernels_neon(void) { return NULL; }
+const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
+#define VARIANTS {&hs_kernels_ref, NULL, NULL}
+#endif
+
+const hs_kernels *hs_kernels_by_name(const char *name) {
+    const hs_kernels *all[] = VARIANTS;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i] && strcmp(all[i]->name, name) == 0) return all[i];
+    return NULL;
+}
+
+const hs_kernels *hs_kernels_select(void) {
+    const char *forced = getenv("HETEROSERVE_KERNELS");
+    if (forced && *forced) {
+        const hs_kernels *k = hs_kernels_by_name(forced);
+        if (k) return k;
+    }
+    const hs_kernels *all[] = VARIANTS, *best = &hs_kernels_ref;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]) best = all[i];
+    return best;
+}
+
+const char *hs_kernels_available(void) {
+    static char names[128];
+    const hs_kernels *all[] = VARIANTS;
+    names[0] = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (!all[i]) continue;
+        if (names[0]) strcat(names, ",");
+        strcat(names, all[i]->name);
+    }
+    return names;
+}

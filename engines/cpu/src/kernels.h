@@ -1,0 +1,38 @@
+/* The kernel table: one reference implementation of every op (ref.c) is the truth; ISA variants
+ * override entries and are tested against it. Kernels know nothing of threads or models. */
+#ifndef HS_KERNELS_H
+#define HS_KERNELS_H
+
+#include "blocks.h"
+
+/* Dot products of `nrows` weight rows (each `nb` blocks, rows `stride` bytes apart) with one
+ * quantized activation row: out[r] = sum_j w[r][j] * a[j]. nrows is 1, 2 or 4 (NRC tiling). */
+typedef void (*hs_dot_fn)(int nb, const void *w, size_t stride, int nrows, const block_q8a *a,
+                          float *out);
+
+typedef struct {
+    const char *name;
+    void (*quantize_act)(const float *x, block_q8a *y, int n);
+    hs_dot_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    float (*dot_f16)(int n, const hs_fp16 *w, const float *x);
+    float (*dot_f32)(int n, const float *w, const float *x);
+} hs_kernels;
+
+extern const hs_kernels hs_kernels_ref;
+const hs_kernels *hs_kernels_avx2(void);    /* NULL when not compiled in */
+const hs_kernels *hs_kernels_avx512(void);
+const hs_kernels *hs_kernels_neon(void);
+const hs_kernels *hs_kernels_dotprod(void);
+
+/* The best variant this CPU runs (or the one named by HETEROSERVE_KERNELS). */
+const hs_kernels *hs_kernels_select(void);
+const hs_kernels *hs_kernels_by_name(const char *name);
+/* Comma-separated names of the variants this CPU supports, best last. */
+const char *hs_kernels_available(void);
+
+/* Reference conversions, shared by every variant. */
+void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n);
+void hs_quantize_row_q4_0(const float *x, block_q4_0 *y, int n);
+void hs_dequantize_row(int type, const void *x, float *y, int n);
+
+#endif

@@ -1,0 +1,371 @@
+#include "model.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct hs_model {
+    hs_config c;
+    hs_pool *pool;
+    const hs_kernels *k;
+    int nrc;
+    hs_mat tok_embd, output;
+    float *output_norm;
+    hs_layer *layers;
+    int n_blocks, block_size;
+    hs_fp16 *k_cache, *v_cache; /* [layer][slot][n_head_kv * head_dim] */
+    /* scratch, grown to the largest batch seen */
+    int cap;
+    float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up, *scores;
+    block_q8a *qa;
+};
+
+static void *aligned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
+    return p;
+}
+
+hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kernels *kernels,
+                          int nrc) {
+    if (config->n_embd % HS_QK || config->n_ff % HS_QK || config->n_head % config->n_head_kv)
+        return NULL;
+    hs_model *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->c = *config;
+    m->pool = pool;
+    m->k = kernels;
+    m->nrc = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : 2;
+    m->layers = calloc((size_t)config->n_layer, sizeof(hs_layer));
+    return m;
+}
+
+static void free_mat(hs_mat *w) { free(w->data); w->data = NULL; }
+
+void hs_model_destroy(hs_model *m) {
+    if (!m) return;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        hs_layer *L = &m->layers[l];
+        hs_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) free_mat(mats[i]);
+        free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv);
+    }
+    free(m->layers);
+    if (m->output.data != m->tok_embd.data) free_mat(&m->output);
+    free_mat(&m->tok_embd);
+    free(m->output_norm);
+    free(m->k_cache); free(m->v_cache);
+    free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
+    free(m->gate); free(m->up); free(m->scores); free(m->qa);
+    free(m);
+}
+
+const hs_config *hs_model_config(const hs_model *m) { return &m->c; }
+
+typedef struct { const hs_model *m; hs_mat *w; const char *src; } touch_ctx;
+
+/* Each thread copies the rows it will later compute: first touch puts them on its NUMA node. */
+static void touch_task(void *p, int ith, int nth) {
+    touch_ctx *t = p;
+    int r0, r1;
+    hs_split(t->w->rows, t->m->nrc, ith, nth, &r0, &r1);
+    if (r1 > r0)
+        memcpy((char *)t->w->data + (size_t)r0 * t->w->row_bytes, t->src + (size_t)r0 * t->w->row_bytes,
+               (size_t)(r1 - r0) * t->w->row_bytes);
+}
+
+static int set_mat(hs_model *m, hs_mat *w, int type, int rows, int cols, const void *data) {
+    const size_t rb = hs_row_bytes(type, cols);
+    if (!rb || (type != HS_F32 && type != HS_F16 && cols % HS_QK)) return -1;
+    free_mat(w);
+    *w = (hs_mat){type, rows, cols, rb, aligned(rb * (size_t)rows)};
+    if (!w->data) return -1;
+    touch_ctx t = {m, w, data};
+    hs_pool_run(m->pool, touch_task, &t);
+    return 0;
+}
+
+static int set_vec(float **dst, int type, int n, int expect, const void *data) {
+    if (type != HS_F32 || n != expect) return -1;
+    free(*dst);
+    *dst = aligned((size_t)n * 4);
+    if (!*dst) return -1;
+    memcpy(*dst, data, (size_t)n * 4);
+    return 0;
+}
+
+int hs_model_set(hs_model *m, int which, int layer, int type, int rows, int cols,
+                 const void *data) {
+    const hs_config *c = &m->c;
+    const int kv = c->n_head_kv * c->head_dim, qd = c->n_head * c->head_dim;
+    if (which >= 10 && (layer < 0 || layer >= c->n_layer)) return -1;
+    hs_layer *L = which >= 10 ? &m->layers[layer] : NULL;
+    switch (which) {
+    case 0: return (rows == c->n_vocab && cols == c->n_embd) ? set_mat(m, &m->tok_embd, type, rows, cols, data) : -1;
+    case 1: return (rows == c->n_vocab && cols == c->n_embd) ? set_mat(m, &m->output, type, rows, cols, data) : -1;
+    case 2: return set_vec(&m->output_norm, type, cols, c->n_embd, data);
+    case 10: return (rows == qd && cols == c->n_embd) ? set_mat(m, &L->wq, type, rows, cols, data) : -1;
+    case 11: return (rows == kv && cols == c->n_embd) ? set_mat(m, &L->wk, type, rows, cols, data) : -1;
+    case 12: return (rows == kv && cols == c->n_embd) ? set_mat(m, &L->wv, type, rows, cols, data) : -1;
+    case 13: return (rows == c->n_embd && cols == qd) ? set_mat(m, &L->wo, type, rows, cols, data) : -1;
+    case 14: return (rows == c->n_ff && cols == c->n_embd) ? set_mat(m, &L->w_gate, type, rows, cols, data) : -1;
+    case 15: return (rows == c->n_ff && cols == c->n_embd) ? set_mat(m, &L->w_up, type, rows, cols, data) : -1;
+    case 16: return (rows == c->n_embd && cols == c->n_ff) ? set_mat(m, &L->w_down, type, rows, cols, data) : -1;
+    case 17: return set_vec(&L->attn_norm, type, cols, c->n_embd, data);
+    case 18: return set_vec(&L->ffn_norm, type, cols, c->n_embd, data);
+    case 19: return set_vec(&L->bq, type, cols, qd, data);
+    case 20: return set_vec(&L->bk, type, cols, kv, data);
+    case 21: return set_vec(&L->bv, type, cols, kv, data);
+    default: return -1;
+    }
+}
+
+int hs_model_alloc_kv(hs_model *m, int n_blocks, int block_size) {
+    const size_t per = (size_t)m->c.n_layer * n_blocks * block_size * m->c.n_head_kv * m->c.head_dim;
+    free(m->k_cache); free(m->v_cache);
+    m->k_cache = aligned(per * 2);
+    m->v_cache = aligned(per * 2);
+    m->n_blocks = n_blocks;
+    m->block_size = block_size;
+    if (!m->k_cache || !m->v_cache) return -1;
+    memset(m->k_cache, 0, per * 2);
+    memset(m->v_cache, 0, per * 2);
+    return 0;
+}
+
+size_t hs_model_weight_bytes(const hs_model *m) {
+    size_t total = m->tok_embd.row_bytes * m->tok_embd.rows;
+    if (m->output.data && m->output.data != m->tok_embd.data)
+        total += m->output.row_bytes * m->output.rows;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        const hs_layer *L = &m->layers[l];
+        const hs_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) total += mats[i]->row_bytes * mats[i]->rows;
+    }
+    return total;
+}
+
+size_t hs_model_kv_bytes(const hs_model *m) {
+    return 2 * 2 * (size_t)m->c.n_layer * m->n_blocks * m->block_size * m->c.n_head_kv * m->c.head_dim;
+}
+
+static int grow(hs_model *m, int n) {
+    if (n <= m->cap) return 0;
+    const hs_config *c = &m->c;
+    const int qd = c->n_head * c->head_dim, kv = c->n_head_kv * c->head_dim;
+    const int widest = c->n_ff > qd ? (c->n_ff > c->n_embd ? c->n_ff : c->n_embd) : (qd > c->n_embd ? qd : c->n_embd);
+    float **bufs[] = {&m->x, &m->xb, &m->q, &m->kv_k, &m->kv_v, &m->att, &m->gate, &m->up};
+    const int widths[] = {c->n_embd, c->n_embd, qd, kv, kv, qd, c->n_ff, c->n_ff};
+    for (int i = 0; i < 8; i++) {
+        free(*bufs[i]);
+        *bufs[i] = aligned((size_t)n * widths[i] * 4);
+        if (!*bufs[i]) return -1;
+    }
+    free(m->qa);
+    m->qa = aligned((size_t)n * (widest / HS_QK) * sizeof(block_q8a));
+    free(m->scores);
+    m->scores = NULL;
+    m->cap = n;
+    return m->qa ? 0 : -1;
+}
+
+/* ---- parallel matrix products ------------------------------------------------------------ */
+
+typedef struct {
+    const hs_kernels *k;
+    int nrc, n;
+    const hs_mat *w[3];
+    float *out[3];
+    const block_q8a *qa;   /* quantized activations, n rows of cols/32 blocks */
+    const float *x;        /* float activations (f16/f32 weights) */
+} matmul_ctx;
+
+static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int ith, int nth) {
+    int r0, r1;
+    hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
+    const int nb = w->cols / HS_QK;
+    hs_dot_fn dot = w->type == HS_Q4_0 ? t->k->dot_q4_0 : w->type == HS_Q4_1 ? t->k->dot_q4_1
+                  : w->type == HS_Q8_0 ? t->k->dot_q8_0 : NULL;
+    float tmp[4];
+    for (int r = r0; r < r1; r += t->nrc) {
+        const int rows = r1 - r < t->nrc ? r1 - r : t->nrc;
+        const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+        for (int i = 0; i < t->n; i++) {
+            float *o = out + (size_t)i * w->rows + r;
+            if (dot) {
+                dot(nb, wr, w->row_bytes, rows, t->qa + (size_t)i * nb, tmp);
+                for (int j = 0; j < rows; j++) o[j] = tmp[j];
+            } else {
+                for (int j = 0; j < rows; j++) {
+                    const char *row = wr + (size_t)j * w->row_bytes;
+                    o[j] = w->type == HS_F16
+                         ? t->k->dot_f16(w->cols, (const hs_fp16 *)row, t->x + (size_t)i * w->cols)
+                         : t->k->dot_f32(w->cols, (const float *)row, t->x + (size_t)i * w->cols);
+                }
+            }
+        }
+    }
+}
+
+static void matmul_task(void *p, int ith, int nth) {
+    const matmul_ctx *t = p;
+    for (int i = 0; i < 3 && t->w[i]; i++) matmul_rows(t, t->w[i], t->out[i], ith, nth);
+}
+
+/* out_i[n][w_i.rows] = x[n][cols] @ w_i^T for up to three matrices sharing the input. */
+static void matmul3(hs_model *m, int n, const float *x, int cols, const hs_mat *w0, float *o0,
+                    const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
+    const int nb = cols / HS_QK;
+    for (int i = 0; i < n; i++) m->k->quantize_act(x + (size_t)i * cols, m->qa + (size_t)i * nb, cols);
+    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, x};
+    hs_pool_run(m->pool, matmul_task, &t);
+}
+
+void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
+               const float *x, float *out) {
+    const int nb = w->cols / HS_QK;
+    block_q8a *qa = aligned((size_t)n * (nb ? nb : 1) * sizeof(block_q8a));
+    if (w->type != HS_F32 && w->type != HS_F16)
+        for (int i = 0; i < n; i++) k->quantize_act(x + (size_t)i * w->cols, qa + (size_t)i * nb, w->cols);
+    matmul_ctx t = {k, nrc, n, {w, NULL, NULL}, {out, NULL, NULL}, qa, x};
+    hs_pool_run(pool, matmul_task, &t);
+    free(qa);
+}
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+static void rmsnorm(float *out, const float *x, const float *weight, int d, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < d; j++) ss += x[j] * x[j];
+    const float scale = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int j = 0; j < d; j++) out[j] = x[j] * scale * weight[j];
+}
+
+static void rope(float *v, int n_heads, int head_dim, int pos, float base, int neox) {
+    for (int h = 0; h < n_heads; h++) {
+        float *x = v + h * head_dim;
+        for (int i = 0; i < head_dim / 2; i++) {
+            const float theta = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
+            const float c = cosf(theta), s = sinf(theta);
+            const int a = neox ? i : 2 * i, b = neox ? i + head_dim / 2 : 2 * i + 1;
+            const float x0 = x[a], x1 = x[b];
+            x[a] = x0 * c - x1 * s;
+            x[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---- attention over the paged cache ------------------------------------------------------- */
+
+typedef struct {
+    hs_model *m;
+    int layer, n;
+    const int32_t *pos, *seq, *block_tables;
+    int max_blocks;
+} attn_ctx;
+
+static inline size_t slot_of(const attn_ctx *t, int s, int p) {
+    const int block = t->block_tables[(size_t)s * t->max_blocks + p / t->m->block_size];
+    return (size_t)block * t->m->block_size + p % t->m->block_size;
+}
+
+static void attn_task(void *p, int ith, int nth) {
+    const attn_ctx *t = p;
+    hs_model *m = t->m;
+    const hs_config *c = &m->c;
+    const int hd = c->head_dim, kvd = c->n_head_kv * hd, group = c->n_head / c->n_head_kv;
+    const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    int w0, w1;
+    hs_split(t->n * c->n_head, 1, ith, nth, &w0, &w1);
+    float *scores = NULL;
+    int scores_cap = 0;
+    for (int w = w0; w < w1; w++) {
+        const int i = w / c->n_head, h = w % c->n_head, kvh = h / group;
+        const int len = t->pos[i] + 1;
+        if (len > scores_cap) {
+            free(scores);
+            scores_cap = len * 2;
+            scores = malloc((size_t)scores_cap * 4);
+        }
+        const float *q = m->q + (size_t)i * c->n_head * hd + (size_t)h * hd;
+        float max = -INFINITY;
+        for (int p2 = 0; p2 < len; p2++) {
+            const hs_fp16 *k = m->k_cache + layer_off + slot_of(t, t->seq[i], p2) * kvd + (size_t)kvh * hd;
+            const float s = m->k->dot_f16(hd, k, q) * scale;
+            scores[p2] = s;
+            if (s > max) max = s;
+        }
+        float sum = 0.0f;
+        for (int p2 = 0; p2 < len; p2++) {
+            scores[p2] = expf(scores[p2] - max);
+            sum += scores[p2];
+        }
+        float *out = m->att + (size_t)i * c->n_head * hd + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * 4);
+        for (int p2 = 0; p2 < len; p2++) {
+            const hs_fp16 *v = m->v_cache + layer_off + slot_of(t, t->seq[i], p2) * kvd + (size_t)kvh * hd;
+            const float a = scores[p2] / sum;
+            for (int j = 0; j < hd; j++) out[j] += a * hs_f16(v[j]);
+        }
+    }
+    free(scores);
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
+                     const int32_t *seq, const int32_t *block_tables, int n_seqs,
+                     int max_blocks, const int32_t *logit_index, int n_logits, float *logits) {
+    const hs_config *c = &m->c;
+    if (n < 1 || !m->k_cache || !m->tok_embd.data || grow(m, n) != 0) return -1;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab || seq[i] < 0 || seq[i] >= n_seqs ||
+            pos[i] < 0 || pos[i] / m->block_size >= max_blocks)
+            return -1;
+        const int block = block_tables[(size_t)seq[i] * max_blocks + pos[i] / m->block_size];
+        if (block < 0 || block >= m->n_blocks) return -1;
+    }
+    if (n_logits > n) return -1;
+    for (int i = 0; i < n_logits; i++)
+        if (logit_index[i] < 0 || logit_index[i] >= n) return -1;
+    const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
+    for (int i = 0; i < n; i++)
+        hs_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_bytes,
+                          m->x + (size_t)i * d, d);
+    attn_ctx at = {m, 0, n, pos, seq, block_tables, max_blocks};
+    for (int l = 0; l < c->n_layer; l++) {
+        const hs_layer *L = &m->layers[l];
+        for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->attn_norm, d, c->eps);
+        matmul3(m, n, m->xb, d, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
+        const size_t layer_off = (size_t)l * m->n_blocks * m->block_size * kvd;
+        for (int i = 0; i < n; i++) {
+            float *q = m->q + (size_t)i * qd, *k = m->kv_k + (size_t)i * kvd, *v = m->kv_v + (size_t)i * kvd;
+            if (L->bq) for (int j = 0; j < qd; j++) q[j] += L->bq[j];
+            if (L->bk) for (int j = 0; j < kvd; j++) k[j] += L->bk[j];
+            if (L->bv) for (int j = 0; j < kvd; j++) v[j] += L->bv[j];
+            rope(q, c->n_head, hd, pos[i], c->rope_base, c->rope_neox);
+            rope(k, c->n_head_kv, hd, pos[i], c->rope_base, c->rope_neox);
+            const size_t slot = slot_of(&at, seq[i], pos[i]);
+            hs_fp16 *kc = m->k_cache + layer_off + slot * kvd, *vc = m->v_cache + layer_off + slot * kvd;
+            for (int j = 0; j < kvd; j++) { kc[j] = hs_fp32_to_fp16(k[j]); vc[j] = hs_fp32_to_fp16(v[j]); }
+        }
+        at.layer = l;
+        hs_pool_run(m->pool, attn_task, &at);
+        matmul3(m, n, m->att, qd, &L->wo, m->xb, NULL, NULL, NULL, NULL);
+        for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
+        for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->ffn_norm, d, c->eps);
+        matmul3(m, n, m->xb, d, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
+        for (size_t j = 0; j < (size_t)n * c->n_ff; j++) {
+            const float g = m->gate[j];
+            m->gate[j] = g / (1.0f + expf(-g)) * m->up[j];
+        }
+        matmul3(m, n, m->gate, c->n_ff, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
+        for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
+    }
+    const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
+    for (int i = 0; i < n_logits; i++)
+        rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
+    if (n_logits > 0) matmul3(m, n_logits, m->xb, d, out, logits, NULL, NULL, NULL, NULL);
+    return 0;
+}

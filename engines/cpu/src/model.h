@@ -1,0 +1,60 @@
+/* A llama-family decoder (Llama, Qwen2, SmolLM2) over quantized weights and a paged fp16 KV
+ * cache. The caller (Python) owns scheduling: it assigns KV blocks and passes block tables. */
+#ifndef HS_MODEL_H
+#define HS_MODEL_H
+
+#include <stdint.h>
+
+#include "kernels.h"
+#include "threadpool.h"
+
+typedef struct {
+    int type;          /* enum hs_type */
+    int rows, cols;    /* rows = output features */
+    size_t row_bytes;
+    void *data;        /* owned, 64-byte aligned */
+} hs_mat;
+
+typedef struct {
+    hs_mat wq, wk, wv, wo, w_gate, w_up, w_down;
+    float *attn_norm, *ffn_norm, *bq, *bk, *bv; /* biases: Qwen2 only */
+} hs_layer;
+
+typedef struct {
+    int n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    int rope_neox;     /* 0: adjacent pairs (GGUF llama), 1: halves (Qwen2, NeoX) */
+    float eps, rope_base;
+} hs_config;
+
+typedef struct hs_model hs_model;
+
+hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kernels *kernels,
+                          int nrc);
+void hs_model_destroy(hs_model *model);
+const hs_config *hs_model_config(const hs_model *model);
+
+/* Copies a tensor in, each pool thread first-touching the rows it will compute. `which`:
+ * 0 tok_embd, 1 output, 2 output_norm, 10+ per layer: 10 wq 11 wk 12 wv 13 wo 14 w_gate
+ * 15 w_up 16 w_down 17 attn_norm 18 ffn_norm 19 bq 20 bk 21 bv. Returns 0 or -1. */
+int hs_model_set(hs_model *model, int which, int layer, int type, int rows, int cols,
+                 const void *data);
+/* Allocates the KV cache: n_blocks blocks of block_size tokens. Returns 0 or -1. */
+int hs_model_alloc_kv(hs_model *model, int n_blocks, int block_size);
+size_t hs_model_weight_bytes(const hs_model *model);
+size_t hs_model_kv_bytes(const hs_model *model);
+
+/* One step over n tokens (any mix of prefill chunks and decode tokens of several sequences).
+ * Token i of sequence seq[i] at position pos[i] has its K/V written to its slot, then attends to
+ * positions 0..pos[i] of that sequence. block_tables is [n_seqs][max_blocks]. Logits are
+ * computed for the tokens listed in logit_index (n_logits of them) into logits
+ * [n_logits][n_vocab]. Returns 0, or -1 on bad arguments. */
+int hs_model_forward(hs_model *model, int n, const int32_t *tokens, const int32_t *pos,
+                     const int32_t *seq, const int32_t *block_tables, int n_seqs,
+                     int max_blocks, const int32_t *logit_index, int n_logits, float *logits);
+
+/* The parallel quantized matrix product used by the model, for tests and benchmarks:
+ * out[n][rows] = x[n][cols] @ W^T. */
+void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
+               const float *x, float *out);
+
+#endif

@@ -1,0 +1,56 @@
+"""The work queue collapses bursts and never runs one key twice at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from heteroserve_operator.workqueue import WorkQueue
+
+
+def test_burst_is_collapsed_and_keys_are_exclusive():
+    calls: list[tuple[str, str]] = []
+    running: set[tuple[str, str]] = set()
+    overlap = threading.Event()
+    gate = threading.Event()
+
+    def work(namespace: str, name: str) -> None:
+        key = (namespace, name)
+        if key in running:
+            overlap.set()
+        running.add(key)
+        gate.wait(5)
+        calls.append(key)
+        running.discard(key)
+
+    queue = WorkQueue(work, workers=4)
+    queue.start()
+    queue.add("ns", "a")
+    time.sleep(0.05)       # "a" is now running
+    for _ in range(50):    # a burst while it runs: one more reconcile, not fifty
+        queue.add("ns", "a")
+    queue.add("ns", "b")
+    gate.set()
+    deadline = time.monotonic() + 5
+    while (len(calls) < 3 or len(queue)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    queue.stop()
+    assert sorted(calls) == [("ns", "a"), ("ns", "a"), ("ns", "b")]
+    assert not overlap.is_set()
+
+
+def test_min_interval_spaces_reconciles_of_one_key():
+    stamps: list[float] = []
+    queue = WorkQueue(lambda _ns, _n: stamps.append(time.monotonic()), workers=2,
+                      min_interval=0.3)
+    queue.start()
+    queue.add("ns", "a")
+    time.sleep(0.05)
+    queue.add("ns", "a")
+    deadline = time.monotonic() + 3
+    while len(stamps) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    queue.stop()
+    assert len(stamps) == 2
+    assert stamps[1] - stamps[0] >= 0.29
