@@ -27,7 +27,6 @@ from pathlib import Path
 import httpx
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kubernetes import watch
 
 from tests.cluster.catalogue import FakeNode, NumaZone
 from tests.cluster.harness import ControlPlane, ensure_binaries, free_port
@@ -123,22 +122,29 @@ def main() -> int:
         ready: dict[str, float] = {}
         done = threading.Event()
 
-        def watcher():
-            stream = watch.Watch()
-            for event in stream.stream(custom.list_namespaced_custom_object, GROUP, VERSION,
-                                       "bench", PLURAL, timeout_seconds=int(args.timeout)):
-                obj = event["object"]
-                name = obj["metadata"]["name"]
-                conditions = obj.get("status", {}).get("conditions", [])
-                if name not in ready and any(c["type"] == "Ready" and c["status"] == "True"
-                                             for c in conditions):
-                    ready[name] = time.monotonic()
-                    if len(ready) >= args.objects:
-                        done.set()
-                        stream.stop()
+        def poller():
+            # A LIST per second rather than a watch: a watch that drops under load would lose
+            # Ready transitions. Resolution: about one second.
+            while not done.is_set():
+                try:
+                    items = custom.list_namespaced_custom_object(
+                        GROUP, VERSION, "bench", PLURAL, _request_timeout=30)["items"]
+                except Exception as error:  # keep polling through apiserver hiccups
+                    print(f"poll failed: {error}", file=sys.stderr)
+                    time.sleep(1)
+                    continue
+                now = time.monotonic()
+                for obj in items:
+                    name = obj["metadata"]["name"]
+                    conditions = obj.get("status", {}).get("conditions", [])
+                    if name not in ready and any(c["type"] == "Ready" and c["status"] == "True"
+                                                 for c in conditions):
+                        ready[name] = now
+                if len(ready) >= args.objects:
+                    done.set()
+                time.sleep(1)
 
-        threading.Thread(target=watcher, daemon=True).start()
-        time.sleep(1)
+        threading.Thread(target=poller, daemon=True).start()
 
         def create(index: int) -> None:
             name = f"infd-{index:04d}"

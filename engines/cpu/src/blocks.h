@@ -20,9 +20,14 @@ typedef struct { hs_fp16 d; hs_fp16 m; uint8_t qs[HS_QK / 2]; } block_q4_1;
 typedef struct { hs_fp16 d; int8_t qs[HS_QK]; } block_q8_0;
 typedef struct { float d; float s; int8_t qs[HS_QK]; } block_q8a;
 
-_Static_assert(sizeof(block_q4_0) == 18, "q4_0 block is 18 bytes");
-_Static_assert(sizeof(block_q4_1) == 20, "q4_1 block is 20 bytes");
-_Static_assert(sizeof(block_q8_0) == 34, "q8_0 block is 34 bytes");
+#ifdef __cplusplus
+#define HS_STATIC_ASSERT static_assert
+#else
+#define HS_STATIC_ASSERT _Static_assert
+#endif
+HS_STATIC_ASSERT(sizeof(block_q4_0) == 18, "q4_0 block is 18 bytes");
+HS_STATIC_ASSERT(sizeof(block_q4_1) == 20, "q4_1 block is 20 bytes");
+HS_STATIC_ASSERT(sizeof(block_q8_0) == 34, "q8_0 block is 34 bytes");
 
 /* GGUF tensor type ids (ggml_type). */
 enum hs_type { HS_F32 = 0, HS_F16 = 1, HS_Q4_0 = 2, HS_Q4_1 = 3, HS_Q8_0 = 8 };

@@ -46,7 +46,7 @@ static void *worker(void *p) {
     free(p);
     hs_pool *pool = arg.pool;
     pin(arg.cpu);
-    unsigned seen = atomic_load(&pool->generation);
+    unsigned seen = 0; /* generation at creation: a task posted before this thread ran is not missed */
     for (;;) {
         int spins = 0;
         while (atomic_load_explicit(&pool->generation, memory_order_acquire) == seen &&

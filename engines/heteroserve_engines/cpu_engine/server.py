@@ -1,0 +1,250 @@
+"""The OpenAI-compatible HTTP server of the CPU engine (Starlette on uvicorn).
+
+Routes: /v1/completions, /v1/chat/completions (streaming and not), /v1/models, /health,
+/metrics. Errors use OpenAI's shape: 400 naming the bad parameter, 404 `model_not_found`,
+400 `context_length_exceeded` for prompts longer than the context, 429 when the queue is full.
+A client that disconnects frees its sequence at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api import ApiError, ChatRequest, CommonRequest, CompletionRequest
+from .runner import Delta, EngineCore, PromptTooLong, QueueFull, SamplingParams
+from .tokenizer import GGUFTokenizer
+
+
+@dataclass
+class ServedModel:
+    name: str
+    engine: EngineCore
+    tokenizer: GGUFTokenizer
+    max_model_len: int
+    created: int
+
+
+class Metrics:
+    """vLLM-style metric names, so routers read both engines alike."""
+
+    def __init__(self, registry: CollectorRegistry, served: ServedModel):
+        self.registry, self.served = registry, served
+        engine = served.engine
+        labels = {"model_name": served.name}
+        Gauge("vllm:num_requests_running", "Sequences being decoded or prefilled",
+              ["model_name"], registry=registry).labels(**labels).set_function(
+                  lambda: engine.stats.running)
+        Gauge("vllm:num_requests_waiting", "Requests waiting for admission", ["model_name"],
+              registry=registry).labels(**labels).set_function(lambda: engine.stats.waiting)
+        Gauge("vllm:kv_cache_usage_perc", "KV-cache usage fraction (0-1)", ["model_name"],
+              registry=registry).labels(**labels).set_function(lambda: engine.stats.kv_usage)
+        Gauge("heteroserve:generated_tokens", "Tokens generated since start", ["model_name"],
+              registry=registry).labels(**labels).set_function(
+                  lambda: engine.stats.generated_tokens)
+        Gauge("heteroserve:prompt_tokens", "Prompt tokens computed since start", ["model_name"],
+              registry=registry).labels(**labels).set_function(lambda: engine.stats.prompt_tokens)
+        buckets = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
+                              ["model_name"], buckets=buckets, registry=registry).labels(**labels)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens",
+                             ["model_name"], buckets=buckets, registry=registry).labels(**labels)
+        self.requests = Counter("heteroserve:requests", "Finished requests by finish reason",
+                                ["model_name", "finish_reason"], registry=registry)
+
+    def observe(self, name: str, value: float) -> None:
+        (self.ttft if name == "ttft" else self.itl).observe(value)
+
+
+def _parse(model_type, payload: dict):
+    try:
+        return model_type.model_validate(payload)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+
+
+def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
+    metrics = Metrics(registry, served)
+    served.engine.observe = metrics.observe
+
+    async def body(request: Request) -> dict:
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        if not isinstance(payload, dict):
+            raise ApiError(400, "the request body must be a JSON object")
+        return payload
+
+    def check_model(req: CommonRequest) -> None:
+        if req.model != served.name:
+            raise ApiError(404, f"The model `{req.model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    def params(req: CommonRequest, prompt_len: int) -> SamplingParams:
+        limit = req.max_completion_tokens or req.max_tokens
+        room = served.max_model_len - prompt_len
+        if room < 1:
+            raise ApiError(400, f"This model's maximum context length is {served.max_model_len} "
+                           f"tokens. However, your prompt has {prompt_len} tokens.",
+                           param="messages" if isinstance(req, ChatRequest) else "prompt",
+                           code="context_length_exceeded")
+        if limit is not None and prompt_len + limit > served.max_model_len:
+            raise ApiError(400, f"This model's maximum context length is {served.max_model_len} "
+                           f"tokens. However, you requested {prompt_len + limit} tokens "
+                           f"({prompt_len} in the prompt, {limit} for the completion).",
+                           param="max_tokens", code="context_length_exceeded")
+        return SamplingParams(max_tokens=limit or room, temperature=req.temperature,
+                              top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stops(),
+                              ignore_eos=req.ignore_eos)
+
+    async def generate(request: Request, prompt_ids: list[int], sampling: SamplingParams
+                       ) -> AsyncIterator[Delta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        try:
+            seq = served.engine.add(prompt_ids, sampling,
+                                    lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
+        except QueueFull as error:
+            raise ApiError(429, f"the engine is at capacity: {error}; retry later",
+                           kind="rate_limit_error", code="queue_full") from None
+        except PromptTooLong as error:
+            raise ApiError(400, str(error), param="prompt", code="context_length_exceeded") \
+                from None
+        try:
+            while True:
+                try:
+                    delta = await asyncio.wait_for(queue.get(), timeout=0.5)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        raise asyncio.CancelledError from None
+                    continue
+                yield delta
+                if delta.finish_reason:
+                    metrics.requests.labels(served.name, delta.finish_reason).inc()
+                    return
+        finally:
+            if seq.finish_reason is None:
+                served.engine.abort(seq)
+
+    def usage(prompt: int, completion: int) -> dict:
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    async def respond(request: Request, chat: bool) -> Response:
+        req = _parse(ChatRequest if chat else CompletionRequest, await body(request))
+        check_model(req)
+        tok = served.tokenizer
+        if chat:
+            prompt_text = tok.render_chat([{"role": m.role, "content": m.text()}
+                                           for m in req.messages])
+            prompt_ids = tok.encode(prompt_text, add_bos=False)
+        elif isinstance(req.prompt, list):
+            if any(t < 0 or t >= served.engine.n_vocab for t in req.prompt):
+                raise ApiError(400, "prompt: token ids out of the vocabulary", param="prompt")
+            prompt_ids = list(req.prompt)
+        else:
+            prompt_ids = tok.encode(req.prompt)
+        sampling = params(req, len(prompt_ids))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        deltas = generate(request, prompt_ids, sampling)
+        first = await anext(deltas)  # errors surface here, before any byte is sent
+
+        async def all_deltas():
+            yield first
+            async for delta in deltas:
+                yield delta
+
+        if not req.stream:
+            text, count, reason = "", 0, None
+            async for delta in all_deltas():
+                text += delta.text
+                reason = delta.finish_reason or reason
+                count = delta.completion_tokens if delta.completion_tokens is not None else count
+            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                       "finish_reason": reason, "logprobs": None} if chat else
+                      {"index": 0, "text": (req.prompt if req.echo and isinstance(req.prompt, str)
+                                            else "") + text,
+                       "finish_reason": reason, "logprobs": None})
+            return JSONResponse({"id": rid, "object": kind, "created": created,
+                                 "model": served.name, "choices": [choice],
+                                 "usage": usage(len(prompt_ids), count)})
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        async def events():
+            count = 0
+            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
+            if chat:
+                yield _sse({"id": rid, "object": chunk_kind, "created": created,
+                            "model": served.name, "choices": [{"index": 0, "delta": {
+                                "role": "assistant", "content": ""}, "finish_reason": None}]})
+            async for delta in all_deltas():
+                if delta.completion_tokens is not None:
+                    count = delta.completion_tokens
+                choice = ({"index": 0, "delta": {"content": delta.text} if delta.text else {},
+                           "finish_reason": delta.finish_reason} if chat else
+                          {"index": 0, "text": delta.text, "finish_reason": delta.finish_reason})
+                yield _sse({"id": rid, "object": chunk_kind, "created": created,
+                            "model": served.name, "choices": [choice]})
+            if include_usage:
+                yield _sse({"id": rid, "object": chunk_kind, "created": created,
+                            "model": served.name, "choices": [],
+                            "usage": usage(len(prompt_ids), count)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def completions(request: Request) -> Response:
+        return await respond(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await respond(request, chat=True)
+
+    async def models(_request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": served.name, "object": "model", "created": served.created,
+            "owned_by": "heteroserve", "max_model_len": served.max_model_len}]})
+
+    async def health(_request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_route(_request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def api_error(_request: Request, error: ApiError) -> Response:
+        return JSONResponse(error.body(), status_code=error.status)
+
+    return Starlette(
+        routes=[Route("/v1/completions", completions, methods=["POST"]),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/models", models), Route("/health", health),
+                Route("/metrics", metrics_route)],
+        exception_handlers={ApiError: api_error},
+    )
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

@@ -1,0 +1,85 @@
+"""Tokenizer and chat template from GGUF metadata: the `tokenizers` library for BPE, sandboxed
+Jinja2 for the template, following llama.cpp's reading of the same fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gguf import GGUFReader
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from .gguf_model import ModelFileError
+
+CONTROL = 3  # llama_token_type: control tokens (<|im_start|>, ...)
+USER_DEFINED = 4
+# GPT-2's split pattern; llama.cpp's "smollm"/"gpt2" pre-tokenizers split on it (smollm first
+# splits every digit on its own).
+GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+
+def _contents(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+@dataclass
+class GGUFTokenizer:
+    tokenizer: Tokenizer
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    chat_template: str | None
+    special_ids: frozenset[int]
+
+    @classmethod
+    def from_gguf(cls, reader: GGUFReader) -> GGUFTokenizer:
+        kind = _contents(reader, "tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise ModelFileError(f"tokenizer model {kind!r} is not supported (gpt2 BPE)")
+        tokens = _contents(reader, "tokenizer.ggml.tokens")
+        types = _contents(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
+        merges = [tuple(m.split(" ", 1)) for m in _contents(reader, "tokenizer.ggml.merges", [])]
+        vocab = {token: index for index, token in enumerate(tokens)}
+        tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+        byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        split = pre_tokenizers.Split(Regex(GPT2_PATTERN), behavior="isolated")
+        steps = [split, byte_level]
+        if _contents(reader, "tokenizer.ggml.pre") == "smollm":
+            steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
+        tokenizer.decoder = decoders.ByteLevel()
+        special = [tokens[i] for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
+        tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                      for t in special])
+        bos = _contents(reader, "tokenizer.ggml.bos_token_id")
+        return cls(
+            tokenizer=tokenizer,
+            bos_id=None if bos is None else int(bos),
+            eos_id=(None if _contents(reader, "tokenizer.ggml.eos_token_id") is None
+                    else int(_contents(reader, "tokenizer.ggml.eos_token_id"))),
+            add_bos=bool(_contents(reader, "tokenizer.ggml.add_bos_token", True)),
+            chat_template=_contents(reader, "tokenizer.chat_template"),
+            special_ids=frozenset(i for i, t in enumerate(types) if t == CONTROL),
+        )
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            if not ids or ids[0] != self.bos_id:
+                ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special)
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise ModelFileError("the model has no chat template (tokenizer.chat_template)")
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        template = environment.from_string(self.chat_template)
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=self.token(self.bos_id), eos_token=self.token(self.eos_id))
+
+    def token(self, index: int | None) -> str:
+        return "" if index is None else (self.tokenizer.id_to_token(index) or "")

@@ -1,0 +1,92 @@
+"""CPU kernels: every ISA variant against the reference, the block formats against the `gguf`
+package's numpy (de)quantization, and the threaded product against numpy.
+
+Tolerances: variants vs reference agree to 1e-4 relative (the only difference is float summation
+order and round-half-even vs half-away in activation quantization); quantized products vs the float
+product within 2 % of the output's norm (activations are quantized to 8 bits per 32-block)."""
+
+from __future__ import annotations
+
+import heteroserve_cpu as hc
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+TYPES = {"q4_0": (2, Q.Q4_0), "q4_1": (3, Q.Q4_1), "q8_0": (8, Q.Q8_0)}
+VARIANTS = hc.available_variants().split(",")
+RNG = np.random.default_rng(7)
+
+
+def quantized(kind: str, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    weights = RNG.standard_normal((rows, cols)).astype(np.float32)
+    blob = quants.quantize(weights, TYPES[kind][1])
+    return np.ascontiguousarray(blob).reshape(-1).view(np.uint8), weights
+
+
+def test_reference_is_always_available_and_best_is_selected():
+    assert VARIANTS[0] == "reference"
+    assert hc.selected_variant() == VARIANTS[-1]
+
+
+@pytest.mark.parametrize("kind", sorted(TYPES))
+def test_dequantize_matches_gguf(kind):
+    blob, _ = quantized(kind, 4, 256)
+    expected = quants.dequantize(blob.reshape(4, -1), TYPES[kind][1])
+    row_bytes = blob.size // 4
+    for r in range(4):
+        ours = hc.dequantize(TYPES[kind][0], blob[r * row_bytes:(r + 1) * row_bytes], 256)
+        np.testing.assert_array_equal(ours, expected[r])
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+def test_quantize_matches_gguf(kind):
+    x = RNG.standard_normal(1024).astype(np.float32)
+    ours = np.frombuffer(hc.quantize(TYPES[kind][0], x), dtype=np.uint8)
+    theirs = np.ascontiguousarray(quants.quantize(x, TYPES[kind][1])).view(np.uint8).reshape(-1)
+    a = hc.dequantize(TYPES[kind][0], ours, 1024)
+    b = quants.dequantize(theirs, TYPES[kind][1]).reshape(-1)
+    # Identical up to rounding of exact ties in the last code.
+    step = np.abs(x).max() / (127 if kind == "q8_0" else 7)
+    assert np.max(np.abs(a - b)) <= step * 1.01
+    assert np.mean(ours == theirs) > 0.99
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("kind", sorted(TYPES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_variant_matches_reference(variant, kind, batch):
+    rows, cols = 72, 512
+    blob, _ = quantized(kind, rows, cols)
+    x = RNG.standard_normal((batch, cols)).astype(np.float32)
+    pool = hc.Pool([], 1)
+    ref = hc.matmul(pool, TYPES[kind][0], rows, cols, blob, x, "reference", 1)
+    for nrc in (1, 2, 4):
+        ours = hc.matmul(pool, TYPES[kind][0], rows, cols, blob, x, variant, nrc)
+        np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("kind", sorted(TYPES))
+def test_threaded_product_matches_numpy(kind):
+    rows, cols = 257, 1024
+    blob, _ = quantized(kind, rows, cols)
+    dense = quants.dequantize(blob.reshape(rows, -1), TYPES[kind][1])
+    x = RNG.standard_normal((4, cols)).astype(np.float32)
+    expected = x @ dense.T
+    for threads in (1, 2, 3):
+        ours = hc.matmul(hc.Pool([], threads), TYPES[kind][0], rows, cols, blob, x)
+        error = np.linalg.norm(ours - expected) / np.linalg.norm(expected)
+        assert error < 0.02, (threads, error)
+
+
+def test_pool_rejects_thread_and_cpu_mismatch():
+    with pytest.raises(ValueError, match="thread count must equal the number of bound CPUs"):
+        hc.Pool([0, 1], 3)
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        hc.Pool([], 0)
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="kernel variant 'sve2' is not available"):
+        hc.matmul(hc.Pool([], 1), 8, 1, 32, np.zeros(34, np.uint8), np.zeros(32, np.float32),
+                  "sve2")
