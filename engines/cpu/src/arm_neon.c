@@ -118,7 +118,15 @@ static float dot_f32(int n, const float *w, const float *x) {
     return sum;
 }
 
+static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
+    int j = 0;
+    for (; j + 4 <= n; j += 4)
+        vst1q_f32(y + j, vfmaq_n_f32(vld1q_f32(y + j),
+                                     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(x + j))), a));
+    for (; j < n; j++) y[j] += a * hs_f16(x[j]);
+}
+
 static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32};
+                                 dot_f16, dot_f32, axpy_f16};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

@@ -14,6 +14,7 @@ extern "C" {
 #include "kernels.h"
 #include "model.h"
 #include "threadpool.h"
+double hs_read_bandwidth(hs_pool *pool, size_t bytes, int repeats);
 }
 
 namespace nb = nanobind;
@@ -139,6 +140,11 @@ NB_MODULE(_kernels, mod) {
     mod.def("selected_variant", [] { return std::string(hs_kernels_select()->name); });
     mod.def("available_variants", [] { return std::string(hs_kernels_available()); });
     mod.def("quantize", &quantize, nb::arg("type"), nb::arg("x"));
+    mod.def("read_bandwidth", [](Pool &pool, size_t bytes, int repeats) {
+        nb::gil_scoped_release release;
+        return hs_read_bandwidth(pool.pool, bytes, repeats);
+    }, nb::arg("pool"), nb::arg("bytes") = (size_t)1 << 30, nb::arg("repeats") = 5,
+       "best-of-`repeats` read bandwidth in GB/s over a `bytes` buffer on the pool's threads");
     mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
     mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
             nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 2);

@@ -16,6 +16,8 @@ typedef struct {
     hs_dot_fn dot_q4_0, dot_q4_1, dot_q8_0;
     float (*dot_f16)(int n, const hs_fp16 *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
+    /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
+    void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
 } hs_kernels;
 
 extern const hs_kernels hs_kernels_ref;

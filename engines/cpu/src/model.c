@@ -305,8 +305,7 @@ static void attn_task(void *p, int ith, int nth) {
         memset(out, 0, (size_t)hd * 4);
         for (int p2 = 0; p2 < len; p2++) {
             const hs_fp16 *v = m->v_cache + layer_off + slot_of(t, t->seq[i], p2) * kvd + (size_t)kvh * hd;
-            const float a = scores[p2] / sum;
-            for (int j = 0; j < hd; j++) out[j] += a * hs_f16(v[j]);
+            m->k->axpy_f16(hd, scores[p2] / sum, v, out);
         }
     }
     free(scores);

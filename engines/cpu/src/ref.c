@@ -129,9 +129,13 @@ static float dot_f32_ref(int n, const float *w, const float *x) {
     return sum;
 }
 
+static void axpy_f16_ref(int n, float a, const hs_fp16 *x, float *y) {
+    for (int j = 0; j < n; j++) y[j] += a * hs_f16(x[j]);
+}
+
 const hs_kernels hs_kernels_ref = {
     "reference", quantize_act_ref, dot_q4_0_ref, dot_q4_1_ref, dot_q8_0_ref, dot_f16_ref,
-    dot_f32_ref,
+    dot_f32_ref, axpy_f16_ref,
 };
 
 void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n) {

@@ -140,7 +140,16 @@ static float dot_f32(int n, const float *w, const float *x) {
     return sum;
 }
 
+static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
+    const __m256 va = _mm256_set1_ps(a);
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))),
+                                                _mm256_loadu_ps(y + j)));
+    for (; j < n; j++) y[j] += a * hs_f16(x[j]);
+}
+
 static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32};
+                                 dot_f16, dot_f32, axpy_f16};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

