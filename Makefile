@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 HOST ?= 127.0.0.1
 PORT ?= 8010
 
-.PHONY: help venv engine tools lint test unit integration e2e run cluster-up cluster-down clean
+.PHONY: help venv engine tools arm-toolchain lint test unit integration e2e run cluster-up cluster-down clean
 
 help:
 	@echo "make run           serve the embedded SmolLM2 model, OpenAI API on http://$(HOST):$(PORT)/v1"
@@ -57,11 +57,18 @@ run: venv
 tools:
 	@bash tests/cluster/build-tools.sh
 
+# The aarch64 kernels are cross-compiled and tested under qemu-user (Debian packages).
+arm-toolchain:
+	@command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null || \
+	  { echo "installing gcc-aarch64-linux-gnu and qemu-user"; \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get update -qq && \
+	    $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user file; }
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: venv $(LLAMA_STAMP) tools lint
+test: venv $(LLAMA_STAMP) tools arm-toolchain lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 unit: venv
@@ -70,7 +77,7 @@ unit: venv
 integration: venv tools
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
-e2e: venv $(LLAMA_STAMP)
+e2e: venv $(LLAMA_STAMP) arm-toolchain
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv tools

