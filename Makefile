@@ -43,9 +43,21 @@ $(ENGINE_STAMP): $(STAMP) $(ENGINE_SOURCES)
 	rm -f $(VENV)/.engine-*
 	touch $@
 
+# Built once into the heteroserve cache for this machine's ISA, then installed from there.
+# AMX is compiled out: ggml's AMX path crashes in VMs that do not grant AMX tile state (seen on
+# this project's machines); explicit -mno-amx-* override what -march=native implies.
+LLAMA_WHEELS := $(HOME)/.cache/heteroserve/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)
+LLAMA_CMAKE_ARGS := -DCMAKE_C_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16 \
+  -DCMAKE_CXX_FLAGS=-mno-amx-tile\ -mno-amx-int8\ -mno-amx-bf16
 $(LLAMA_STAMP): $(STAMP)
-	@echo "installing llama-cpp-python $(LLAMA_CPP_VERSION) (built from source once, then cached by pip)"
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(VENV)/bin/pip install -q llama-cpp-python==$(LLAMA_CPP_VERSION)
+	@if ! ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-cpp-python $(LLAMA_CPP_VERSION) from source (once; about 15 minutes on 2 cores)"; \
+	  mkdir -p $(LLAMA_WHEELS) && \
+	  CMAKE_ARGS='$(LLAMA_CMAKE_ARGS)' CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	    $(VENV)/bin/pip wheel -q --no-cache-dir --no-deps -w $(LLAMA_WHEELS) llama-cpp-python==$(LLAMA_CPP_VERSION); \
+	fi
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(VENV)/bin/pip install -q diskcache
 	touch $@
 
 venv: $(STAMP) $(ENGINE_STAMP)

@@ -1,0 +1,107 @@
+"""The engine core's scheduling with the real SmolLM2 model: chunked prefill, continuous
+batching, KV block accounting, preemption when the cache is full, stop handling."""
+
+from __future__ import annotations
+
+import threading
+
+import heteroserve_cpu as hc
+import numpy as np
+import pytest
+
+from heteroserve_engines.cpu_engine.__main__ import default_model
+from heteroserve_engines.cpu_engine.gguf_model import load_model
+from heteroserve_engines.cpu_engine.runner import EngineCore, PromptTooLong, SamplingParams
+from heteroserve_engines.cpu_engine.tokenizer import GGUFTokenizer
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    model, config, reader = load_model(default_model(), hc.Pool([], 2))
+    model.alloc_kv(64, 16)
+    return model, config, GGUFTokenizer.from_gguf(reader)
+
+
+def run_to_end(core: EngineCore, prompts: list[list[int]], params: SamplingParams):
+    outputs = {i: [] for i in range(len(prompts))}
+    done = {i: threading.Event() for i in range(len(prompts))}
+    seqs = []
+    for i, prompt in enumerate(prompts):
+        def emit(delta, i=i):
+            outputs[i].append(delta)
+            if delta.finish_reason:
+                done[i].set()
+        seqs.append(core.add(prompt, params, emit))
+    for _ in range(2000):
+        if all(e.is_set() for e in done.values()):
+            break
+        core.step()
+    return seqs, outputs
+
+
+def test_chunked_prefill_and_batching_match_one_at_a_time(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    prompts = [tok.encode("The history of the Roman empire"), tok.encode("def add(a, b):")]
+    params = SamplingParams(max_tokens=12, temperature=0)
+    alone = []
+    for prompt in prompts:
+        core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256)
+        seqs, _ = run_to_end(core, [prompt], params)
+        alone.append(seqs[0].output_ids)
+    # Small token budget: prefill is split into chunks of 4 and batched with decodes.
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256,
+                      max_batch_tokens=4)
+    seqs, outputs = run_to_end(core, prompts, params)
+    assert [s.output_ids for s in seqs] == alone
+    assert all(o[-1].finish_reason == "length" for o in outputs.values())
+    assert core.allocator.usage == 0.0  # every block back
+
+
+def test_full_cache_preempts_and_recomputes(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    prompt = tok.encode("A list of fruits: apple, banana,")
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256)
+    (reference,), _ = run_to_end(core, [prompt], params)
+    # 6 blocks of 16 tokens cannot hold three sequences of ~50 tokens at once.
+    small = EngineCore(model, tok, config.n_vocab, n_blocks=6, max_model_len=256)
+    seqs, _ = run_to_end(small, [prompt] * 3, params)
+    assert all(s.output_ids == reference.output_ids for s in seqs)
+    assert small.allocator.usage == 0.0
+
+
+def test_stop_strings_are_cut_and_never_streamed(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256)
+    prompt = tok.encode("1, 2, 3, 4,")
+    (free,), _ = run_to_end(core, [prompt], SamplingParams(max_tokens=12, temperature=0))
+    assert " 6" in free.text
+    (stopped,), outputs = run_to_end(core, [prompt],
+                                     SamplingParams(max_tokens=12, temperature=0, stop=[" 6"]))
+    streamed = "".join(d.text for d in outputs[0])
+    assert stopped.finish_reason == "stop"
+    assert streamed == stopped.text == free.text[: free.text.index(" 6")]
+
+
+def test_prompt_limits(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=32)
+    with pytest.raises(PromptTooLong, match="maximum context length is 32"):
+        core.add(list(range(100, 140)), SamplingParams(), lambda d: None)
+    with pytest.raises(PromptTooLong, match="empty"):
+        core.add([], SamplingParams(), lambda d: None)
+
+
+def test_seeded_sampling_is_reproducible_and_top_k_one_is_greedy(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256)
+    prompt = tok.encode("Once upon a time")
+    sample = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=5)
+    (a,), _ = run_to_end(core, [prompt], sample)
+    (b,), _ = run_to_end(core, [prompt], sample)
+    assert a.output_ids == b.output_ids
+    (greedy,), _ = run_to_end(core, [prompt], SamplingParams(max_tokens=10, temperature=0))
+    (top1,), _ = run_to_end(core, [prompt], SamplingParams(max_tokens=10, temperature=1.0,
+                                                           top_k=1, seed=1))
+    assert top1.output_ids == greedy.output_ids
+    assert np.all(np.array(a.output_ids) < config.n_vocab)
