@@ -20,7 +20,8 @@ PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "1, 1, 2, 3, 5, 8, 13, 21, 34,",
 ]
-CORPUS = [*PROMPTS, "Hello world!", "  leading spaces and\ttabs\n\nnewlines", "naïve café — 東京 🚀",
+CORPUS = [*PROMPTS, "Hello world!", "  leading spaces and\ttabs\n\nnewlines",
+          "naïve café — 東京 🚀",
           "numbers 1234567 and 3.14159", "<|im_start|>user\nhi<|im_end|>\n", "don't won't it's"]
 
 
