@@ -19,6 +19,13 @@ PROMPTS = [
     "Water boils at 100 degrees Celsius at sea level. At higher altitudes it boils at",
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "1, 1, 2, 3, 5, 8, 13, 21, 34,",
+    "The quick brown fox jumps over the lazy dog. This sentence is famous because it",
+    "In 1969, Neil Armstrong became the first person to walk on the Moon. He said",
+    "To make a cup of tea, first boil the water, then",
+    "Photosynthesis is the process by which plants convert sunlight into",
+    "import numpy as np\n\narray = np.zeros((3, 3))\nprint(",
+    "The largest planet in our solar system is Jupiter. The second largest is",
+    "Dear team, thank you all for your hard work this quarter. I would like to",
 ]
 CORPUS = [*PROMPTS, "Hello world!", "  leading spaces and\ttabs\n\nnewlines",
           "naïve café — 東京 🚀",
