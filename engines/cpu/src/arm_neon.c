@@ -127,6 +127,6 @@ static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
 }
 
 static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32, axpy_f16};
+                                 dot_f16, dot_f32, axpy_f16, NULL, NULL, NULL};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

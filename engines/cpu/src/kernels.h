@@ -10,6 +10,11 @@
 typedef void (*hs_dot_fn)(int nb, const void *w, size_t stride, int nrows, const block_q8a *a,
                           float *out);
 
+/* One weight row against `ncols` (1..4) activation rows `astride` blocks apart: each weight
+ * block is unpacked once for all of them (batched decode and prefill). NULL: loop the dot. */
+typedef void (*hs_gemm_fn)(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                           float *out);
+
 typedef struct {
     const char *name;
     void (*quantize_act)(const float *x, block_q8a *y, int n);
@@ -18,6 +23,7 @@ typedef struct {
     float (*dot_f32)(int n, const float *w, const float *x);
     /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
     void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
+    hs_gemm_fn gemm_q4_0, gemm_q4_1, gemm_q8_0;
 } hs_kernels;
 
 extern const hs_kernels hs_kernels_ref;

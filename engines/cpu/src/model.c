@@ -186,7 +186,21 @@ static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int it
     const int nb = w->cols / HS_QK;
     hs_dot_fn dot = w->type == HS_Q4_0 ? t->k->dot_q4_0 : w->type == HS_Q4_1 ? t->k->dot_q4_1
                   : w->type == HS_Q8_0 ? t->k->dot_q8_0 : NULL;
+    hs_gemm_fn gemm = w->type == HS_Q4_0 ? t->k->gemm_q4_0 : w->type == HS_Q4_1 ? t->k->gemm_q4_1
+                    : w->type == HS_Q8_0 ? t->k->gemm_q8_0 : NULL;
     float tmp[4];
+    if (dot && gemm && t->n > 1) {
+        /* Batched: each weight row is unpacked once per four activations. */
+        for (int r = r0; r < r1; r++) {
+            const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+            for (int i = 0; i < t->n; i += 4) {
+                const int cols = t->n - i < 4 ? t->n - i : 4;
+                gemm(nb, wr, t->qa + (size_t)i * nb, (size_t)nb, cols, tmp);
+                for (int c = 0; c < cols; c++) out[(size_t)(i + c) * w->rows + r] = tmp[c];
+            }
+        }
+        return;
+    }
     for (int r = r0; r < r1; r += t->nrc) {
         const int rows = r1 - r < t->nrc ? r1 - r : t->nrc;
         const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;

@@ -135,7 +135,7 @@ static void axpy_f16_ref(int n, float a, const hs_fp16 *x, float *y) {
 
 const hs_kernels hs_kernels_ref = {
     "reference", quantize_act_ref, dot_q4_0_ref, dot_q4_1_ref, dot_q8_0_ref, dot_f16_ref,
-    dot_f32_ref, axpy_f16_ref,
+    dot_f32_ref, axpy_f16_ref, NULL, NULL, NULL,
 };
 
 void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n) {

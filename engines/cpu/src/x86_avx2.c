@@ -149,7 +149,61 @@ static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
     for (; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
+/* Batched products: the weight block is unpacked once, then used for up to four activations. */
+static void gemm_q4_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q4_0 *x = w;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        const __m256i qx = _mm256_sub_epi8(unpack_nibbles(x[b].qs), _mm256_set1_epi8(8));
+        const float dw = hs_f16(x[b].d);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), mul_sum_i8(qx, qy), acc[c]);
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = hsum_ps(acc[c]);
+}
+
+static void gemm_q4_1(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q4_1 *x = w;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    float mins[4] = {0, 0, 0, 0};
+    for (int b = 0; b < nb; b++) {
+        const __m256i ux = unpack_nibbles(x[b].qs);
+        const float dw = hs_f16(x[b].d), mw = hs_f16(x[b].m);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), mul_sum_u8_i8(ux, qy), acc[c]);
+            mins[c] += mw * y->s;
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = hsum_ps(acc[c]) + mins[c];
+}
+
+static void gemm_q8_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q8_0 *x = w;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                     _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
+        const float dw = hs_f16(x[b].d);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y->d), mul_sum_i8(qx, qy), acc[c]);
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = hsum_ps(acc[c]);
+}
+
 static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32, axpy_f16};
+                                 dot_f16, dot_f32, axpy_f16, gemm_q4_0, gemm_q4_1, gemm_q8_0};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

@@ -7,6 +7,7 @@ quantizers. Other GGUF types are dequantized first.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,13 +91,20 @@ def read_config(reader: GGUFReader) -> ModelConfig:
     )
 
 
-def _tensor_bytes(tensor, quantization: str | None) -> tuple[int, np.ndarray]:
-    """(hs type, contiguous bytes) of a tensor, requantized when asked."""
+def _tensor_bytes(tensor, quantization: str | None, fd: int) -> tuple[int, np.ndarray]:
+    """(hs type, contiguous bytes) of a tensor, requantized when asked.
+
+    Native tensors are read with pread into a transient buffer rather than through the reader's
+    memory map: mapped file pages that were touched count in the process's RSS for as long as
+    the map lives, doubling the weights' footprint at its peak."""
     kind = tensor.tensor_type
     two_d = len(tensor.shape) == 2
     target = TARGETS.get(quantization or "")
     if kind in NATIVE and (not two_d or target is None or kind == target):
-        return NATIVE[kind], np.ascontiguousarray(tensor.data).view(np.uint8).reshape(-1)
+        raw = os.pread(fd, int(tensor.n_bytes), int(tensor.data_offset))
+        if len(raw) != int(tensor.n_bytes):
+            raise ModelFileError(f"tensor {tensor.name} is truncated")
+        return NATIVE[kind], np.frombuffer(raw, dtype=np.uint8)
     cols = int(tensor.shape[0])
     rows = int(tensor.shape[1]) if two_d else 1
     dense = quants.dequantize(tensor.data, kind).astype(np.float32).reshape(rows, cols)
@@ -118,6 +126,19 @@ def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: st
         pool, config.n_layer, config.n_embd, config.n_head, config.n_head_kv, config.head_dim,
         config.n_ff, config.n_vocab, config.rope_neox, config.eps, config.rope_base, kernels, nrc)
     seen = set()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _load_tensors(model, reader, quantization, fd, seen, path)
+    finally:
+        os.close(fd)
+    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in seen]
+    if missing:
+        raise ModelFileError(f"{path}: tensors missing: {missing}")
+    return model, config, reader
+
+
+def _load_tensors(model, reader: GGUFReader, quantization: str | None, fd: int, seen: set,
+                  path) -> None:
     for tensor in reader.tensors:
         name = tensor.name
         cols = int(tensor.shape[0])
@@ -136,13 +157,9 @@ def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: st
         else:
             continue  # e.g. rope_freqs: not used by these architectures' defaults
         kind, data = _tensor_bytes(tensor, quantization if which not in (0, 2) and which < 17
-                                   else None)
+                                   else None, fd)
         try:
             model.set(which, layer, kind, rows, cols, data)
         except ValueError as error:
             raise ModelFileError(f"{path}: tensor {name}: {error}") from error
         seen.add(name)
-    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in seen]
-    if missing:
-        raise ModelFileError(f"{path}: tensors missing: {missing}")
-    return model, config, reader
