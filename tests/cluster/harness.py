@@ -198,6 +198,9 @@ class ControlPlane:
             f"--cluster-signing-cert-file={pki.ca.cert}",
             f"--cluster-signing-key-file={pki.ca.key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # The defaults (20 QPS) throttle a cluster creating a thousand Deployments at once.
+            "--kube-api-qps=300", "--kube-api-burst=600",
+            "--concurrent-deployment-syncs=20", "--concurrent-replicaset-syncs=20",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller-manager']}",
             "--profiling=false", "--v=1",
         ])
@@ -205,7 +208,7 @@ class ControlPlane:
             f"--kubeconfig={sched_kubeconfig}",
             f"--authentication-kubeconfig={sched_kubeconfig}",
             f"--authorization-kubeconfig={sched_kubeconfig}",
-            "--leader-elect=false",
+            "--leader-elect=false", "--kube-api-qps=300", "--kube-api-burst=600",
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
             "--profiling=false", "--v=1",
         ])
