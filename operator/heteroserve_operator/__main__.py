@@ -11,7 +11,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prometheus_client import CollectorRegistry, start_http_server
 
-from .cache import ObjectCache
 from .kube import KubeApi
 from .reconcile import Reconciler
 from .settings import OperatorSettings
@@ -49,9 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
-    cache = ObjectCache()
     reconciler = Reconciler(KubeApi(api_client(), registry), registry,
-                            facts_ttl_seconds=settings.facts_ttl_seconds, cache=cache)
+                            facts_ttl_seconds=settings.facts_ttl_seconds)
     queue = WorkQueue(reconciler.reconcile_by_name, settings.workers,
                       settings.min_reconcile_interval_seconds)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         priority=args.priority,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(reconciler=reconciler, queue=queue, cache=cache, settings=settings),
+        memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings),
     )
     return 0
 

@@ -55,39 +55,23 @@ async def _resync(memo: kopf.Memo) -> None:
             log.exception("periodic resync failed; retrying at the next interval")
 
 
-def _remember(memo: kopf.Memo, event: dict) -> None:
-    """Keeps the latest copy of a watched object in the operator's cache."""
-    obj = event.get("object") or {}
-    if not obj.get("metadata"):
-        return
-    kind = obj.get("kind", "")
-    if event.get("type") == "DELETED":
-        memo.cache.delete(kind, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-    else:
-        memo.cache.upsert(kind, obj)
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
                                        **_) -> None:
-    _remember(memo, event)
     if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
         return  # owner references let the garbage collector remove the children
     memo.queue.add(body.metadata.namespace, body.metadata.name)
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=CHILD_LABELS)
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS)
-@kopf.on.event("networking.k8s.io", "v1", "ingresses", labels=CHILD_LABELS)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT,
                                         "app.kubernetes.io/component": "decode"})
-async def child_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
+async def child_changed(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     # EndpointSlices carry their Service's labels, so a router endpoint turning ready updates
     # RouterReady without waiting for the resync.
-    _remember(memo, event)
     owner = body.metadata.labels.get(LABEL_OWNER)
     if owner:
         memo.queue.add(body.metadata.namespace, owner)

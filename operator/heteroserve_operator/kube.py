@@ -170,10 +170,10 @@ class KubeApi:
         items = self._read(KIND, f"/apis/{GROUP}/{VERSION}/{PLURAL}").get("items", [])
         return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        return self._write("patch-status", KIND, "PATCH",
-                           f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}/status",
-                           body={"status": status}, content_type="application/merge-patch+json")
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self._write("patch-status", KIND, "PATCH",
+                    f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}/status",
+                    body={"status": status}, content_type="application/merge-patch+json")
 
     def event(self, owner: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the InferenceDeployment (kubectl describe shows it)."""

@@ -18,8 +18,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
-from .api.models import KIND, InferenceDeploymentSpec
-from .cache import ObjectCache
+from .api.models import InferenceDeploymentSpec
 from .kube import KINDS, ApiError, KubeApi
 from .numa import NumaPlanError
 from .render.children import Rendered, possible_children, render
@@ -48,11 +47,6 @@ def is_subset(desired: Any, live: Any) -> bool:
         return (isinstance(live, list) and len(desired) == len(live)
                 and all(is_subset(d, item) for d, item in zip(desired, live, strict=True)))
     return desired == live
-
-
-def _same_status(previous: dict[str, Any], status: dict[str, Any]) -> bool:
-    comparable = {k: v for k, v in previous.items() if k in status}
-    return comparable == status and set(previous) <= set(status)
 
 
 def cluster_facts(nodes: list[dict[str, Any]], topologies: list[dict[str, Any]]
@@ -91,10 +85,8 @@ class FactsCache:
 
 class Reconciler:
     def __init__(self, kube: KubeApi, registry: CollectorRegistry | None = None,
-                 facts_ttl_seconds: float = 10.0, cache: ObjectCache | None = None):
+                 facts_ttl_seconds: float = 10.0):
         self.kube = kube
-        # Without a cache (tests, one-shot use) every read goes to the API server.
-        self.cache = cache
         self.facts = FactsCache(kube, facts_ttl_seconds)
         self.reconciles = Counter("heteroserve_operator_reconciles",
                                   "Reconciles of InferenceDeployments", ["result"],
@@ -108,8 +100,7 @@ class Reconciler:
         """Serialised per object, on a fresh read: triggers from several watches may carry
         stale copies, and a stale status would repeat its transition Events."""
         with self._locks[(namespace, name)]:
-            body = (self.cache.get(KIND, namespace, name) if self.cache else None) \
-                or self.kube.inference_deployment(namespace, name)
+            body = self.kube.inference_deployment(namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 return None
             outcome = self._reconcile(body)
@@ -137,23 +128,9 @@ class Reconciler:
             applied, pruned, deployments = self._sync_children(owner, rendered)
         except ApiError as error:
             return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
-        observed = self._observe(owner, spec, facts, deployments, cached=True)
+        observed = self._observe(owner, spec, facts, deployments)
         status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
                                 placement=rendered.placement, observed=observed)
-        if self.cache and not _same_status(previous, status):
-            # About to write: confirm with live reads, the cache may lag.
-            live = self.kube.inference_deployment(owner.namespace, owner.name)
-            if live is None:
-                return Outcome(tuple(applied), tuple(pruned), False)
-            body, previous = live, live.get("status", {}) or {}
-            deployments = [d for d in (self.kube.get(KINDS[("apps/v1", "Deployment")],
-                                                     owner.namespace, name)
-                                       for name in (f"{owner.name}-prefill",
-                                                    f"{owner.name}-decode")) if d]
-            observed = self._observe(owner, spec, facts, deployments, cached=False)
-            status = compute_status(spec, generation, previous, now,
-                                    endpoint=rendered.endpoint, placement=rendered.placement,
-                                    observed=observed)
         written = self._write_status(body, previous, status)
         return Outcome(tuple(applied), tuple(pruned), written)
 
@@ -165,14 +142,13 @@ class Reconciler:
         return Outcome(status_written=written, error=f"{reason}: {message}")
 
     def _write_status(self, body, previous: dict[str, Any], status: dict[str, Any]) -> bool:
-        if _same_status(previous, status):
+        comparable = {k: v for k, v in previous.items() if k in status}
+        if comparable == status and set(previous) <= set(status):
             return False
         meta = body["metadata"]
         # Keys that disappeared are removed explicitly (merge patch semantics).
         patch = {**{k: None for k in previous if k not in status}, **status}
-        updated = self.kube.patch_status(meta["namespace"], meta["name"], patch)
-        if self.cache and updated:
-            self.cache.upsert(KIND, updated)
+        self.kube.patch_status(meta["namespace"], meta["name"], patch)
         for kind, reason, message in transitions(previous, status):
             self.kube.event(body, kind, reason, message)
         return True
@@ -195,20 +171,12 @@ class Reconciler:
         for api_version, kind_name, name in possible_children(owner.name):
             kind = KINDS[(api_version, kind_name)]
             key = (api_version, kind_name, name)
-            current = (self.cache.get(kind_name, owner.namespace, name) if self.cache
-                       else self.kube.get(kind, owner.namespace, name))
+            current = self.kube.get(kind, owner.namespace, name)
             manifest = desired.get(key)
-            fields = manifest and {k: v for k, v in manifest.items()
-                                   if k not in ("apiVersion", "kind")}
-            if self.cache and ((manifest is not None and (current is None or
-                                                          not is_subset(fields, current)))
-                               or (manifest is None and current is not None)):
-                current = self.kube.get(kind, owner.namespace, name)  # confirm before writing
             if manifest is not None:
-                if current is None or not is_subset(fields, current):
+                # A GET's object carries apiVersion/kind; compare the rendered fields only.
+                if current is None or not is_subset(manifest, current):
                     current = self.kube.apply(manifest)
-                    if self.cache:
-                        self.cache.upsert(kind_name, current)
                     applied.append(f"{kind_name}/{name}")
                 if kind_name == "Deployment":
                     deployments.append(current)
@@ -216,8 +184,6 @@ class Reconciler:
                 refs = current["metadata"].get("ownerReferences", []) or []
                 if any(r.get("uid") == owner.uid for r in refs):
                     self.kube.delete(kind, owner.namespace, name)
-                    if self.cache:
-                        self.cache.delete(kind_name, owner.namespace, name)
                     pruned.append(f"{kind_name}/{name}")
         if applied or pruned:
             log.info("%s/%s: applied %s, pruned %s", owner.namespace, owner.name, applied,
@@ -225,22 +191,16 @@ class Reconciler:
         return applied, pruned, deployments
 
     def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts,
-                 listed: list[dict[str, Any]], cached: bool) -> Observed:
+                 listed: list[dict[str, Any]]) -> Observed:
         deployments = {d["metadata"]["labels"].get(LABEL_COMPONENT): d for d in listed}
-        use_cache = cached and self.cache is not None
-        slices = (self.cache.select("EndpointSlice", owner.namespace,
-                                    {"kubernetes.io/service-name": owner.name})
-                  if use_cache else self.kube.endpoint_slices(owner.namespace, owner.name))
         ready_endpoints = sum(
-            1 for s in slices for e in s.get("endpoints", []) or []
+            1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
+            for e in s.get("endpoints", []) or []
             if (e.get("conditions") or {}).get("ready"))
         decode_pods: tuple[tuple[str, str], ...] = ()
         if spec.decode:
-            pods = (self.cache.select("Pod", owner.namespace,
-                                      {LABEL_OWNER: owner.name, LABEL_COMPONENT: "decode"})
-                    if use_cache else
-                    self.kube.pods(owner.namespace,
-                                   f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT}=decode"))
+            pods = self.kube.pods(owner.namespace,
+                                  f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT}=decode")
             decode_pods = tuple((p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods
                                 if p["spec"].get("nodeName")
                                 and not p["metadata"].get("deletionTimestamp"))
