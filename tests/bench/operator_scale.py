@@ -75,6 +75,50 @@ def rss_peak_mb(pid: int) -> float:
     return float("nan")
 
 
+def baseline(plane: ControlPlane, args) -> int:
+    """The cluster alone: the children the operator would render, applied with the operator's
+    own client code from 8 threads, then polled until every Deployment is Available."""
+    from heteroserve_operator.api import InferenceDeploymentSpec
+    from heteroserve_operator.kube import KubeApi
+    from heteroserve_operator.reconcile import cluster_facts
+    from heteroserve_operator.render.children import render
+    from heteroserve_operator.render.meta import Owner
+
+    api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
+    kube = KubeApi(api)
+    apps = k8s.AppsV1Api(api)
+    facts = cluster_facts(kube.nodes(), kube.node_resource_topologies())
+    owner_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner"}}
+    uid = k8s.CoreV1Api(api).create_namespaced_config_map("bench", owner_cm).metadata.uid
+    wanted = 0
+    manifests = []
+    for index in range(args.objects):
+        rendered = render(InferenceDeploymentSpec.model_validate(spec(index)),
+                          Owner(f"infd-{index:04d}", "bench", uid), facts)
+        for child in rendered.children:
+            child["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap",
+                                                     "name": "owner", "uid": uid}]
+            manifests.append(child)
+            wanted += child["kind"] == "Deployment"
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(kube.apply, manifests))
+    applied_s = time.monotonic() - t0
+    available = 0
+    while time.monotonic() - t0 < args.timeout:
+        items = apps.list_namespaced_deployment("bench", _request_timeout=60).items
+        available = sum(1 for d in items if any(c.type == "Available" and c.status == "True"
+                                                for c in (d.status.conditions or [])))
+        if available >= wanted:
+            break
+        time.sleep(1)
+    total_s = time.monotonic() - t0
+    print("\n| measure (no operator) | value |\n|---|---|")
+    print(f"| children applied ({len(manifests)} objects, 8 threads) | {applied_s:.1f} s |")
+    print(f"| all {wanted} Deployments Available after | {total_s:.1f} s ({available} ready) |")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,6 +127,10 @@ def main() -> int:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--resync-seconds", type=float, default=30)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--baseline", action="store_true",
+                        help="no operator: apply the same rendered children directly and time "
+                        "the cluster alone until every Deployment is Available (the floor the "
+                        "operator's figures sit on)")
     args = parser.parse_args()
     # A SIGTERM (timeout, pkill) unwinds through `finally`, which stops the cluster.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -101,6 +149,8 @@ def main() -> int:
         plane.kubectl("wait", "--for=condition=Established",
                       "crd/inferencedeployments.heteroserve.io")
         plane.kubectl("create", "namespace", "bench")
+        if args.baseline:
+            return baseline(plane, args)
         port = free_port()
         log = open(workdir / "operator.log", "wb")  # noqa: SIM115
         operator = subprocess.Popen(
