@@ -122,6 +122,47 @@ def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
 
 
 # -- workers (one process per engine x model) -------------------------------------------------
+def measure(run, reset, vocab: int) -> dict[str, float]:
+    """The same measurements for both engines. `run(tokens, positions, seqs, logits_at)` runs one
+    step and returns one logits row per index of `logits_at`; `reset()` empties the KV cache
+    (heteroserve's positions simply overwrite theirs)."""
+    prompt = prompt_tokens(PROMPT, vocab, 1)
+    results: dict[str, float] = {}
+    prefill = []
+    for _ in range(3):
+        reset()
+        start = time.perf_counter()
+        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
+        prefill.append(PROMPT / (time.perf_counter() - start))
+    results["prefill"] = statistics.median(prefill)
+    decode = []
+    for _ in range(3):
+        reset()
+        logits = run(prompt[:32], range(32), [0] * 32, [31])
+        start = time.perf_counter()
+        for step in range(DECODE):
+            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
+        decode.append(DECODE / (time.perf_counter() - start))
+    results["decode_1"] = statistics.median(decode)
+    for batch in (8, 16):
+        rates = []
+        for _ in range(3):
+            reset()
+            tokens, positions, seqs = [], [], []
+            for s in range(batch):
+                tokens += prompt_tokens(32, vocab, 100 + s)
+                positions += list(range(32))
+                seqs += [s] * 32
+            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
+            start = time.perf_counter()
+            for step in range(BATCH_STEPS):
+                nxt = [int(np.argmax(logits[s])) for s in range(batch)]
+                logits = run(nxt, [32 + step] * batch, range(batch), range(batch))
+            rates.append(batch * BATCH_STEPS / (time.perf_counter() - start))
+        results[f"decode_{batch}"] = statistics.median(rates)
+    return results
+
+
 def worker_heteroserve(model_path: str, threads: int) -> dict:
     import heteroserve_cpu as hc
 
@@ -138,37 +179,7 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
         return model.forward(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
                              np.asarray(seqs, np.int32), tables, np.asarray(logits_at, np.int32))
 
-    prompt = prompt_tokens(PROMPT, config.n_vocab, 1)
-    results: dict[str, float] = {}
-    prefill = []
-    for _ in range(3):
-        start = time.perf_counter()
-        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
-        prefill.append(PROMPT / (time.perf_counter() - start))
-    results["prefill"] = statistics.median(prefill)
-    decode = []
-    for _ in range(3):
-        logits = run(prompt[:32], range(32), [0] * 32, [31])
-        start = time.perf_counter()
-        for step in range(DECODE):
-            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
-        decode.append(DECODE / (time.perf_counter() - start))
-    results["decode_1"] = statistics.median(decode)
-    for batch in (8, 16):
-        rates = []
-        for _ in range(3):
-            tokens, positions, seqs = [], [], []
-            for s in range(batch):
-                tokens += prompt_tokens(32, config.n_vocab, 100 + s)
-                positions += list(range(32))
-                seqs += [s] * 32
-            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
-            start = time.perf_counter()
-            for step in range(BATCH_STEPS):
-                nxt = [int(np.argmax(logits[s])) for s in range(batch)]
-                logits = run(nxt, [32 + step] * batch, range(batch), range(batch))
-            rates.append(batch * BATCH_STEPS / (time.perf_counter() - start))
-        results[f"decode_{batch}"] = statistics.median(rates)
+    results = measure(run, lambda: None, config.n_vocab)
     results["weight_bytes"] = model.weight_bytes
     results["variant"] = hc.selected_variant()
     results["rss_mib"] = peak_rss_mib()
@@ -205,40 +216,7 @@ def worker_llamacpp(model_path: str, threads: int) -> dict:
         return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,))
                 for i in logits_at]
 
-    prompt = prompt_tokens(PROMPT, vocab, 1)
-    results: dict[str, float] = {}
-    prefill = []
-    for _ in range(3):
-        lc.llama_memory_clear(memory, True)
-        start = time.perf_counter()
-        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
-        prefill.append(PROMPT / (time.perf_counter() - start))
-    results["prefill"] = statistics.median(prefill)
-    decode = []
-    for _ in range(3):
-        lc.llama_memory_clear(memory, True)
-        logits = run(prompt[:32], range(32), [0] * 32, [31])
-        start = time.perf_counter()
-        for step in range(DECODE):
-            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
-        decode.append(DECODE / (time.perf_counter() - start))
-    results["decode_1"] = statistics.median(decode)
-    for size in (8, 16):
-        rates = []
-        for _ in range(3):
-            lc.llama_memory_clear(memory, True)
-            tokens, positions, seqs = [], [], []
-            for s in range(size):
-                tokens += prompt_tokens(32, vocab, 100 + s)
-                positions += list(range(32))
-                seqs += [s] * 32
-            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(size)])
-            start = time.perf_counter()
-            for step in range(BATCH_STEPS):
-                nxt = [int(np.argmax(logits[s])) for s in range(size)]
-                logits = run(nxt, [32 + step] * size, range(size), range(size))
-            rates.append(size * BATCH_STEPS / (time.perf_counter() - start))
-        results[f"decode_{size}"] = statistics.median(rates)
+    results = measure(run, lambda: lc.llama_memory_clear(memory, True), vocab)
     results["rss_mib"] = peak_rss_mib()
     lc.llama_batch_free(batch)
     return results

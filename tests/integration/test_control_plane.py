@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
 
 from tests.cluster.catalogue import NRT_GROUP, NRT_PLURAL, NRT_VERSION, load_catalogue
+from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -34,16 +34,6 @@ spec:
               properties:
                 size: {type: integer, minimum: 1}
 """
-
-
-def wait_for(predicate, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_apply_a_crd_and_an_object_of_it(cluster, namespace):

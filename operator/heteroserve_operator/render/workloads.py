@@ -38,6 +38,18 @@ def _volumes(spec: InferenceDeploymentSpec, engine: EngineContainer, owner: meta
     return volumes, mounts
 
 
+def _pod_spec(containers: list[dict], volumes: list[dict], grace_seconds: int) -> dict[str, Any]:
+    """No API token and no service links: engines and routers never talk to the API server."""
+    return {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": containers,
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": grace_seconds,
+    }
+
+
 def _deployment(owner: meta.Owner, name: str, component: str, replicas: int,
                 pod_labels: dict[str, str], pod_annotations: dict[str, str],
                 pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -73,14 +85,7 @@ def prefill_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner,
         engine_container(engine, resources, mounts + list(accel.mounts), accel.capabilities),
         router_container(spec, exclusive_cpu=False),
     ]
-    pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        "containers": containers,
-        "volumes": volumes,
-        "terminationGracePeriodSeconds": 60,
-    }
+    pod_spec = _pod_spec(containers, volumes, grace_seconds=60)
     selector = {**accel.node_selector, **prefill.node_selector}
     if selector:
         pod_spec["nodeSelector"] = selector
@@ -101,14 +106,7 @@ def decode_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner, engine: 
                                    mounts)]
     if serving:
         containers.append(router_container(spec, exclusive_cpu=True))
-    pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
-        "containers": containers,
-        "volumes": volumes,
-        "terminationGracePeriodSeconds": 30,
-    }
+    pod_spec = _pod_spec(containers, volumes, grace_seconds=30)
     if decode.node_selector:
         pod_spec["nodeSelector"] = dict(decode.node_selector)
     affinity: dict[str, Any] = {}
