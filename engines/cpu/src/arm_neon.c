@@ -126,7 +126,68 @@ static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
     for (; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
+/* Batched products: each weight block is unpacked once for up to four activations. */
+static void gemm_q4_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q4_0 *x = w;
+    const uint8x16_t mask = vdupq_n_u8(0x0f);
+    const int8x16_t eight = vdupq_n_s8(8);
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    for (int b = 0; b < nb; b++) {
+        const uint8x16_t raw = vld1q_u8(x[b].qs);
+        const int8x16_t lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(raw, mask)), eight);
+        const int8x16_t hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(raw, 4)), eight);
+        const float dw = hs_f16(x[b].d);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const int32x4_t p = dot16(dot16(vdupq_n_s32(0), lo, vld1q_s8(y->qs)), hi,
+                                      vld1q_s8(y->qs + 16));
+            acc[c] = vmlaq_n_f32(acc[c], vcvtq_f32_s32(p), dw * y->d);
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = vaddvq_f32(acc[c]);
+}
+
+static void gemm_q4_1(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q4_1 *x = w;
+    const uint8x16_t mask = vdupq_n_u8(0x0f);
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    float mins[4] = {0, 0, 0, 0};
+    for (int b = 0; b < nb; b++) {
+        const uint8x16_t raw = vld1q_u8(x[b].qs);
+        const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, mask));
+        const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
+        const float dw = hs_f16(x[b].d), mw = hs_f16(x[b].m);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const int32x4_t p = dot16(dot16(vdupq_n_s32(0), lo, vld1q_s8(y->qs)), hi,
+                                      vld1q_s8(y->qs + 16));
+            acc[c] = vmlaq_n_f32(acc[c], vcvtq_f32_s32(p), dw * y->d);
+            mins[c] += mw * y->s;
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = vaddvq_f32(acc[c]) + mins[c];
+}
+
+static void gemm_q8_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
+                      float *out) {
+    const block_q8_0 *x = w;
+    float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    for (int b = 0; b < nb; b++) {
+        const int8x16_t x0 = vld1q_s8(x[b].qs), x1 = vld1q_s8(x[b].qs + 16);
+        const float dw = hs_f16(x[b].d);
+        for (int c = 0; c < ncols; c++) {
+            const block_q8a *y = a + c * astride + b;
+            const int32x4_t p = dot16(dot16(vdupq_n_s32(0), x0, vld1q_s8(y->qs)), x1,
+                                      vld1q_s8(y->qs + 16));
+            acc[c] = vmlaq_n_f32(acc[c], vcvtq_f32_s32(p), dw * y->d);
+        }
+    }
+    for (int c = 0; c < ncols; c++) out[c] = vaddvq_f32(acc[c]);
+}
+
 static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32, axpy_f16, NULL, NULL, NULL};
+                                 dot_f16, dot_f32, axpy_f16, gemm_q4_0, gemm_q4_1, gemm_q8_0};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }
