@@ -52,21 +52,40 @@ def quantized_smollm2(kind: str) -> Path:
     return out
 
 
-def synthetic_1b() -> Path:
-    """TinyLlama-shaped (22 layers, 2048 wide, GQA 32/4... here 32/8, FFN 5632), random q4_0
-    weights, SmolLM2's tokenizer so that llama.cpp loads it."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFReader, GGUFWriter, quants
+SHAPES = {  # (layers, width, heads, kv heads, ffn)
+    "1.1b": (22, 2048, 32, 8, 5632),      # TinyLlama's shape
+    "135m": (30, 576, 9, 3, 1536),        # SmolLM2-135M's shape
+}
 
-    out = CACHE / "synthetic-llama-1.1b-q4_0.gguf"
+
+def tokenizer_fields(source: str | None) -> dict:
+    """SmolLM2's tokenizer metadata, from the model file or a JSON dump of it (device runs)."""
+    if source and source.endswith(".json"):
+        return json.loads(Path(source).read_text())
+    from gguf import GGUFReader
+
+    reader = GGUFReader(smollm2_path())
+    return {k: reader.fields[k].contents() for k in (
+        "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges")}
+
+
+def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = None) -> Path:
+    """A llama-shaped model with random weights (0.02 std) in `kind`, and SmolLM2's tokenizer so
+    that llama.cpp loads it."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter, quants
+
+    out = CACHE / f"synthetic-llama-{shape}-{kind}.gguf"
     if out.exists():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
-    source = GGUFReader(smollm2_path())
-    n_layer, n_embd, n_head, n_kv, n_ff = 22, 2048, 32, 8, 5632
-    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
+    fields = tokenizer_fields(tokenizer)
+    n_layer, n_embd, n_head, n_kv, n_ff = SHAPES[shape]
+    qtype = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind]
+    vocab = len(fields["tokenizer.ggml.tokens"])
     writer = GGUFWriter(str(out), "llama")
-    writer.add_name("synthetic llama 1.1B")
+    writer.add_name(f"synthetic llama {shape}")
     writer.add_block_count(n_layer)
     writer.add_context_length(4096)
     writer.add_embedding_length(n_embd)
@@ -77,21 +96,20 @@ def synthetic_1b() -> Path:
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(vocab)
-    writer.add_file_type(2)
+    writer.add_file_type(2 if kind == "q4_0" else 7)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(source.fields["tokenizer.ggml.pre"].contents())
-    writer.add_token_list(source.fields["tokenizer.ggml.tokens"].contents())
-    writer.add_token_types(source.fields["tokenizer.ggml.token_type"].contents())
-    writer.add_token_merges(source.fields["tokenizer.ggml.merges"].contents())
+    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
+    writer.add_token_list(fields["tokenizer.ggml.tokens"])
+    writer.add_token_types(fields["tokenizer.ggml.token_type"])
+    writer.add_token_merges(fields["tokenizer.ggml.merges"])
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     rng = np.random.default_rng(0)
 
-    def q4(rows, cols):
-        return quants.quantize((rng.standard_normal((rows, cols), dtype=np.float32) * 0.02),
-                               Q.Q4_0)
+    def weights(rows, cols):
+        return quants.quantize(rng.standard_normal((rows, cols), dtype=np.float32) * 0.02, qtype)
 
-    writer.add_tensor("token_embd.weight", q4(vocab, n_embd), raw_dtype=Q.Q4_0)
+    writer.add_tensor("token_embd.weight", weights(vocab, n_embd), raw_dtype=qtype)
     writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
     head = n_embd // n_head
     for layer in range(n_layer):
@@ -102,12 +120,36 @@ def synthetic_1b() -> Path:
                                  ("attn_v", n_kv * head, n_embd), ("attn_output", n_embd, n_embd),
                                  ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd),
                                  ("ffn_down", n_embd, n_ff)):
-            writer.add_tensor(p + name + ".weight", q4(rows, cols), raw_dtype=Q.Q4_0)
+            writer.add_tensor(p + name + ".weight", weights(rows, cols), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def llama_tools(bin_dir: str, model: str, threads: int) -> dict:
+    """llama.cpp's own C++ benchmark tools as the peer (where llama-cpp-python is not installed):
+    llama-bench for prefill (pp256) and batch-1 decode (tg64), llama-batched-bench for the
+    8- and 16-sequence aggregate; peak RSS of each child from getrusage."""
+    import resource
+
+    bench = subprocess.run([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads),
+                            "-p", str(PROMPT), "-n", str(DECODE), "-r", "3", "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    rows = json.loads(bench.stdout)
+    results = {"prefill": next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT),
+               "decode_1": next(r["avg_ts"] for r in rows if r["n_gen"] == DECODE)}
+    batched = subprocess.run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", str(threads),
+                              "-c", "8192", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg",
+                              str(BATCH_STEPS), "-npl", "8,16", "--output-format", "jsonl"],
+                             capture_output=True, text=True, check=True)
+    for line in batched.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            results[f"decode_{row['pl']}"] = row["speed_tg"]
+    results["rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return results
 
 
 def peak_rss_mib() -> float:
@@ -227,6 +269,11 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--skip-1b", action="store_true")
+    parser.add_argument("--synthetic-only", metavar="TOKENIZER_JSON",
+                        help="no SmolLM2 file here: benchmark synthetic models of SmolLM2's and "
+                        "the 1.1B shape, tokenizer metadata from this JSON")
+    parser.add_argument("--llama-bin", help="use llama.cpp's llama-bench/llama-batched-bench "
+                        "from this folder as the peer instead of llama-cpp-python")
     parser.add_argument("--worker", choices=["heteroserve", "llama.cpp"])
     parser.add_argument("--model")
     args = parser.parse_args()
@@ -234,14 +281,24 @@ def main() -> int:
         fn = worker_heteroserve if args.worker == "heteroserve" else worker_llamacpp
         print(json.dumps(fn(args.model, args.threads)))
         return 0
-    models = [("SmolLM2-135M q4_0", quantized_smollm2("q4_0")),
-              ("SmolLM2-135M q8_0", quantized_smollm2("q8_0"))]
+    if args.synthetic_only:
+        models = [("SmolLM2-shaped 135M q4_0 (synthetic)",
+                   synthetic("135m", "q4_0", args.synthetic_only)),
+                  ("SmolLM2-shaped 135M q8_0 (synthetic)",
+                   synthetic("135m", "q8_0", args.synthetic_only))]
+    else:
+        models = [("SmolLM2-135M q4_0", quantized_smollm2("q4_0")),
+                  ("SmolLM2-135M q8_0", quantized_smollm2("q8_0"))]
     if not args.skip_1b:
-        models.append(("llama-shaped 1.1B q4_0", synthetic_1b()))
+        models.append(("llama-shaped 1.1B q4_0", synthetic("1.1b", "q4_0",
+                                                          args.synthetic_only)))
     rows = []
     for label, path in models:
         measured = {}
         for engine in ("llama.cpp", "heteroserve"):
+            if engine == "llama.cpp" and args.llama_bin:
+                measured[engine] = llama_tools(args.llama_bin, str(path), args.threads)
+                continue
             out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp",
                                   "--worker", engine, "--model", str(path), "--threads",
                                   str(args.threads)], capture_output=True, text=True, check=True)
