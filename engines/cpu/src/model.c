@@ -325,6 +325,20 @@ static void attn_task(void *p, int ith, int nth) {
     free(scores);
 }
 
+/* SwiGLU over the whole batch, split across the pool: serial, it is a visible share of a
+ * batched step (n x n_ff exponentials per layer). */
+typedef struct { float *gate; const float *up; size_t count; } swiglu_ctx;
+
+static void swiglu_task(void *p, int ith, int nth) {
+    const swiglu_ctx *t = p;
+    const size_t chunk = (t->count + (size_t)nth - 1) / (size_t)nth;
+    const size_t begin = chunk * (size_t)ith, end = begin + chunk < t->count ? begin + chunk : t->count;
+    for (size_t j = begin; j < end; j++) {
+        const float g = t->gate[j];
+        t->gate[j] = g / (1.0f + expf(-g)) * t->up[j];
+    }
+}
+
 /* ---- the step ------------------------------------------------------------------------------ */
 
 int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
@@ -369,10 +383,11 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
         for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
         for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->ffn_norm, d, c->eps);
         matmul3(m, n, m->xb, d, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
-        for (size_t j = 0; j < (size_t)n * c->n_ff; j++) {
-            const float g = m->gate[j];
-            m->gate[j] = g / (1.0f + expf(-g)) * m->up[j];
-        }
+        swiglu_ctx sw = {m->gate, m->up, (size_t)n * c->n_ff};
+        if (n > 1)
+            hs_pool_run(m->pool, swiglu_task, &sw);
+        else
+            swiglu_task(&sw, 0, 1);
         matmul3(m, n, m->gate, c->n_ff, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
         for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
     }
