@@ -14,26 +14,23 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from heteroserve_engines.cpu_engine.affinity import AffinityError
+from heteroserve_engines.cpu_engine.affinity import parse_cpu_list as _engine_parse_cpu_list
+
 
 class NumaPlanError(ValueError):
     """The request cannot satisfy the seeds' binding rules on this topology."""
 
 
 def parse_cpu_list(text: str) -> list[int]:
-    """Linux CPU list syntax, with the sysHAX step form: "0-3,8,10-20:2" -> sorted CPU ids."""
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        span, _, step_text = part.partition(":")
-        low_text, _, high_text = span.partition("-")
-        try:
-            low, high = int(low_text), int(high_text or low_text)
-            step = int(step_text) if step_text else 1
-        except ValueError:
-            raise NumaPlanError(f"invalid CPU list element {part!r} in {text!r}") from None
-        if low < 0 or high < low or step < 1:
-            raise NumaPlanError(f"invalid CPU list element {part!r} in {text!r}")
-        cpus.update(range(low, high + 1, step))
-    return sorted(cpus)
+    """Linux CPU list syntax, with the sysHAX step form: "0-3,8,10-20:2" -> sorted CPU ids.
+
+    The syntax is the engines' contract (CUSTOM_CPU_AFFINITY), so the engine's parser is the one
+    used here too."""
+    try:
+        return sorted(_engine_parse_cpu_list(text))
+    except AffinityError as error:
+        raise NumaPlanError(str(error)) from None
 
 
 def format_cpu_list(cpus: Iterable[int]) -> str:

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from heteroserve_operator.numa import parse_cpu_list
+
 CATALOGUE = Path(__file__).with_name("nodes.yaml")
 NRT_GROUP, NRT_VERSION, NRT_PLURAL = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
 # kwok manages only nodes carrying this annotation (its --manage-nodes-with-annotation-selector).
@@ -19,15 +21,6 @@ LABEL_NUMA_NODES = "heteroserve.io/numa-nodes"
 LABEL_NUMA_CPUS = "heteroserve.io/cpus-per-numa-node"
 # NUMA distances as the ACPI SLIT reports them on two-hop-free machines: 10 local, 20 remote.
 LOCAL_DISTANCE, REMOTE_DISTANCE = 10, 20
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """Linux CPU list syntax ("0-3,8,10-11") to sorted CPU ids."""
-    cpus: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = part.partition("-")
-        cpus.update(range(int(low), int(high or low) + 1))
-    return sorted(cpus)
 
 
 @dataclass(frozen=True)
