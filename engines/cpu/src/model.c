@@ -17,6 +17,8 @@ struct hs_model {
     /* scratch, grown to the largest batch seen */
     int cap;
     float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up, *scores;
+    float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
+    float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
     block_q8a *qa;
 };
 
@@ -37,6 +39,9 @@ hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kerne
     m->k = kernels;
     m->nrc = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : 2;
     m->layers = calloc((size_t)config->n_layer, sizeof(hs_layer));
+    m->inv_freq = malloc(sizeof(float) * (size_t)(config->head_dim / 2));
+    for (int i = 0; i < config->head_dim / 2; i++)
+        m->inv_freq[i] = powf(config->rope_base, -2.0f * (float)i / (float)config->head_dim);
     return m;
 }
 
@@ -57,6 +62,7 @@ void hs_model_destroy(hs_model *m) {
     free(m->k_cache); free(m->v_cache);
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
     free(m->gate); free(m->up); free(m->scores); free(m->qa);
+    free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
     free(m);
 }
 
@@ -163,6 +169,10 @@ static int grow(hs_model *m, int n) {
     }
     free(m->qa);
     m->qa = aligned((size_t)n * (widest / HS_QK) * sizeof(block_q8a));
+    free(m->rope_cos); free(m->rope_sin);
+    m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
+    m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
+    if (!m->rope_cos || !m->rope_sin) return -1;
     free(m->scores);
     m->scores = NULL;
     m->cap = n;
@@ -255,16 +265,16 @@ static void rmsnorm(float *out, const float *x, const float *weight, int d, floa
     for (int j = 0; j < d; j++) out[j] = x[j] * scale * weight[j];
 }
 
-static void rope(float *v, int n_heads, int head_dim, int pos, float base, int neox) {
+/* Rotates every head of one token by the angles of its position (cos/sin precomputed). */
+static void rope(float *v, int n_heads, int head_dim, const float *cosv, const float *sinv,
+                 int neox) {
     for (int h = 0; h < n_heads; h++) {
         float *x = v + h * head_dim;
         for (int i = 0; i < head_dim / 2; i++) {
-            const float theta = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
-            const float c = cosf(theta), s = sinf(theta);
             const int a = neox ? i : 2 * i, b = neox ? i + head_dim / 2 : 2 * i + 1;
             const float x0 = x[a], x1 = x[b];
-            x[a] = x0 * c - x1 * s;
-            x[b] = x0 * s + x1 * c;
+            x[a] = x0 * cosv[i] - x1 * sinv[i];
+            x[b] = x0 * sinv[i] + x1 * cosv[i];
         }
     }
 }
@@ -361,6 +371,13 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
         hs_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_bytes,
                           m->x + (size_t)i * d, d);
     attn_ctx at = {m, 0, n, pos, seq, block_tables, max_blocks};
+    const int half = hd / 2;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < half; j++) {
+            const float theta = (float)pos[i] * m->inv_freq[j];
+            m->rope_cos[(size_t)i * half + j] = cosf(theta);
+            m->rope_sin[(size_t)i * half + j] = sinf(theta);
+        }
     for (int l = 0; l < c->n_layer; l++) {
         const hs_layer *L = &m->layers[l];
         for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->attn_norm, d, c->eps);
@@ -371,8 +388,9 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
             if (L->bq) for (int j = 0; j < qd; j++) q[j] += L->bq[j];
             if (L->bk) for (int j = 0; j < kvd; j++) k[j] += L->bk[j];
             if (L->bv) for (int j = 0; j < kvd; j++) v[j] += L->bv[j];
-            rope(q, c->n_head, hd, pos[i], c->rope_base, c->rope_neox);
-            rope(k, c->n_head_kv, hd, pos[i], c->rope_base, c->rope_neox);
+            const float *cv = m->rope_cos + (size_t)i * half, *sv = m->rope_sin + (size_t)i * half;
+            rope(q, c->n_head, hd, cv, sv, c->rope_neox);
+            rope(k, c->n_head_kv, hd, cv, sv, c->rope_neox);
             const size_t slot = slot_of(&at, seq[i], pos[i]);
             hs_fp16 *kc = m->k_cache + layer_off + slot * kvd, *vc = m->v_cache + layer_off + slot * kvd;
             for (int j = 0; j < kvd; j++) { kc[j] = hs_fp32_to_fp16(k[j]); vc[j] = hs_fp32_to_fp16(v[j]); }
