@@ -128,10 +128,6 @@ class KubeApi:
                 return None
             raise
 
-    def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
-        return self._read(kind.kind, kind.collection(namespace),
-                          query=[("labelSelector", label_selector)]).get("items", [])
-
     # Observations for status are LISTed from the apiserver's watch cache (resourceVersion=0):
     # filtering there is in memory, where a quorum LIST scans etcd.
     def pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:

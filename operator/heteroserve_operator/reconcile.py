@@ -93,9 +93,6 @@ class Reconciler:
                                   registry=registry)
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
 
-    def reconcile(self, body: dict[str, Any]) -> Outcome | None:
-        return self.reconcile_by_name(body["metadata"]["namespace"], body["metadata"]["name"])
-
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
         """Serialised per object, on a fresh read: triggers from several watches may carry
         stale copies, and a stale status would repeat its transition Events."""

@@ -17,7 +17,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -374,13 +374,3 @@ def stop_recorded(workdir: Path, grace: float = 10) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     (workdir / "pids").unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def running_cluster(workdir: Path, log: Callable[[str], None] = print) -> Iterator[ControlPlane]:
-    plane = ControlPlane(workdir, log=log)
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.cluster.harness import free_port
+from tests.processes import metric_value, stop_process
 
 
 @dataclass
@@ -28,9 +29,8 @@ class EngineProcess:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def metric(self, name: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") or line.startswith(name + " "))
+        return metric_value(httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text,
+                            name)
 
 
 def start_engine(tmp: Path, *args: str, env: dict[str, str] | None = None,
@@ -59,13 +59,7 @@ def start_engine(tmp: Path, *args: str, env: dict[str, str] | None = None,
 
 
 def stop_engine(engine: EngineProcess) -> None:
-    if engine.proc.poll() is None:
-        engine.proc.terminate()
-        try:
-            engine.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            engine.proc.kill()
-            engine.proc.wait()
+    stop_process(engine.proc)
 
 
 @pytest.fixture(scope="session")

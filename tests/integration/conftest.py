@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.cluster.harness import free_port
+from tests.processes import metric_value, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "heteroserve.io_inferencedeployments.yaml"
@@ -61,23 +62,11 @@ class OperatorProcess:
             return False
 
     def metric(self, name: str, **labels: str) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        total = 0.0
-        for line in text.splitlines():
-            if not line.startswith(name + "{") and not line.startswith(name + " "):
-                continue
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return metric_value(httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics",
+                                      timeout=5).text, name, **labels)
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,6 @@ class GGUFTokenizer:
     eos_id: int | None
     add_bos: bool
     chat_template: str | None
-    special_ids: frozenset[int]
 
     @classmethod
     def from_gguf(cls, reader: GGUFReader) -> GGUFTokenizer:
@@ -60,7 +59,6 @@ class GGUFTokenizer:
                     else int(_contents(reader, "tokenizer.ggml.eos_token_id"))),
             add_bos=bool(_contents(reader, "tokenizer.ggml.add_bos_token", True)),
             chat_template=_contents(reader, "tokenizer.chat_template"),
-            special_ids=frozenset(i for i, t in enumerate(types) if t == CONTROL),
         )
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:

@@ -8,7 +8,6 @@ apiserver.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -560,7 +559,3 @@ class InferenceDeploymentStatus(ApiModel):
     numa_plans: list[DecodePodPlan] = Field(
         default_factory=list, description="NUMA plan per decode pod."
     )
-
-
-def is_quantity(text: str) -> bool:
-    return re.fullmatch(QUANTITY_PATTERN, text) is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..numa import NodeTopology, NumaNode, parse_cpu_list
+from ..numa import NodeTopology, parse_cpu_list, topology_from_zones
 
 LABEL_NUMA_NODES = "heteroserve.io/numa-nodes"
 LABEL_CPUS_PER_NUMA_NODE = "heteroserve.io/cpus-per-numa-node"
@@ -38,19 +38,20 @@ def topology_from_nrt(node_name: str, nrt: dict, threads_per_core: int = 1) -> N
     zones = [z for z in nrt.get("zones", []) if z.get("type") == "Node"]
     if not zones:
         return None
-    nodes = []
+    cpu_lists: list[tuple[int, str]] = []
     next_cpu = 0
     for index, zone in enumerate(sorted(zones, key=lambda z: _zone_index(z["name"]))):
         attrs = {a["name"]: a["value"] for a in zone.get("attributes", []) or []}
         if "cpus" in attrs:
-            cpus = tuple(parse_cpu_list(attrs["cpus"]))
+            cpus = attrs["cpus"]
+            next_cpu = max(parse_cpu_list(cpus), default=next_cpu - 1) + 1
         else:
             count = next((int(r["capacity"]) for r in zone.get("resources", [])
                           if r["name"] == "cpu"), 0)
-            cpus = tuple(range(next_cpu, next_cpu + count))
-        next_cpu = max(cpus, default=next_cpu - 1) + 1
-        nodes.append(NumaNode(_zone_index(zone["name"], index), cpus))
-    return NodeTopology(node_name, tuple(nodes), threads_per_core)
+            cpus = f"{next_cpu}-{next_cpu + count - 1}" if count else ""
+            next_cpu += count
+        cpu_lists.append((_zone_index(zone["name"], index), cpus))
+    return topology_from_zones(node_name, cpu_lists, threads_per_core)
 
 
 def _zone_index(name: str, fallback: int = 0) -> int:
