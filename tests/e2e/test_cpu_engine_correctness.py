@@ -50,8 +50,11 @@ def forward_all(model, ids, blocks=None, seq=0, n_seqs=1):
 
 def test_logits_match_the_float_reference(loaded):
     model, _config, reader, tok = loaded
+    # Over all prompts (210 positions): the kernel variants differ from each other only by the
+    # rounding of activations near quantization steps, which flips a few near-ties (a top-2
+    # margin under 0.15); each variant is measured at 97-100 %.
     agree = total = 0
-    for prompt in PROMPTS[:3]:
+    for prompt in PROMPTS:
         ids = tok.encode(prompt)
         ours = forward_all(model, ids)
         ref = reference_logits(reader, ids)

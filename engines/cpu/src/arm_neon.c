@@ -187,7 +187,18 @@ static void gemm_q8_0(int nb, const void *w, const block_q8a *a, size_t astride,
     for (int c = 0; c < ncols; c++) out[c] = vaddvq_f32(acc[c]);
 }
 
-static const hs_kernels table = {HS_KERNEL_NAME, quantize_act, dot_q4_0, dot_q4_1, dot_q8_0,
-                                 dot_f16, dot_f32, axpy_f16, gemm_q4_0, gemm_q4_1, gemm_q8_0};
+static const hs_kernels table = {
+    .name = HS_KERNEL_NAME,
+    .quantize_act = quantize_act,
+    .dot_q4_0 = dot_q4_0,
+    .dot_q4_1 = dot_q4_1,
+    .dot_q8_0 = dot_q8_0,
+    .dot_f16 = dot_f16,
+    .dot_f32 = dot_f32,
+    .axpy_f16 = axpy_f16,
+    .gemm_q4_0 = gemm_q4_0,
+    .gemm_q4_1 = gemm_q4_1,
+    .gemm_q8_0 = gemm_q8_0,
+};
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

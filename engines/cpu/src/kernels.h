@@ -15,6 +15,13 @@ typedef void (*hs_dot_fn)(int nb, const void *w, size_t stride, int nrows, const
 typedef void (*hs_gemm_fn)(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
                            float *out);
 
+/* Products over a variant's own packed layout: `nrows` packed weight rows (`wstride` bytes apart)
+ * against `ncols` packed activation rows (`astride` bytes apart):
+ * out[c * ostride + r] = sum_j w[r][j] * a[c][j]. Shapes supported: nrows 1..4 with ncols 1,
+ * or nrows 1 with ncols 1..8. */
+typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
+                         size_t astride, int ncols, float *out, size_t ostride);
+
 typedef struct {
     const char *name;
     void (*quantize_act)(const float *x, block_q8a *y, int n);
@@ -24,6 +31,15 @@ typedef struct {
     /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
     void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
     hs_gemm_fn gemm_q4_0, gemm_q4_1, gemm_q8_0;
+    /* Optional packed layout (NULL: weights stay in the GGUF layout and dot/gemm read them).
+     * When set, quantized weight rows are converted once at load by pack_row (same row bytes)
+     * and read by mm_*, against activations quantized by quantize_packed into act_bytes(n)
+     * bytes per row (64-byte multiple). */
+    size_t (*act_bytes)(int n);
+    void (*quantize_packed)(const float *x, void *y, int n);
+    void (*pack_row)(int type, const void *src, void *dst, int cols);
+    void (*unpack_row)(int type, const void *src, void *dst, int cols);
+    hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
 } hs_kernels;
 
 extern const hs_kernels hs_kernels_ref;

@@ -19,7 +19,7 @@ struct hs_model {
     float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up, *scores;
     float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
     float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
-    block_q8a *qa;
+    void *qa;              /* quantized activations: the kernel table's layout */
 };
 
 static void *aligned(size_t bytes) {
@@ -68,16 +68,33 @@ void hs_model_destroy(hs_model *m) {
 
 const hs_config *hs_model_config(const hs_model *m) { return &m->c; }
 
-typedef struct { const hs_model *m; hs_mat *w; const char *src; } touch_ctx;
+static size_t act_stride(const hs_kernels *k, int cols) {
+    return k->quantize_packed ? k->act_bytes(cols) : (size_t)(cols / HS_QK) * sizeof(block_q8a);
+}
 
-/* Each thread copies the rows it will later compute: first touch puts them on its NUMA node. */
+static int is_quantized(int type) { return type == HS_Q4_0 || type == HS_Q4_1 || type == HS_Q8_0; }
+
+/* Whether `k` keeps weights of `type` in its packed layout (then mm_* read them). */
+static int packs(const hs_kernels *k, int type) { return k->pack_row && is_quantized(type); }
+
+typedef struct { const hs_kernels *k; int nrc; hs_mat *w; const char *src; } touch_ctx;
+
+/* Each thread copies (or packs) the rows it will later compute: first touch puts them on its
+ * NUMA node. */
 static void touch_task(void *p, int ith, int nth) {
     touch_ctx *t = p;
+    const hs_mat *w = t->w;
     int r0, r1;
-    hs_split(t->w->rows, t->m->nrc, ith, nth, &r0, &r1);
-    if (r1 > r0)
-        memcpy((char *)t->w->data + (size_t)r0 * t->w->row_bytes, t->src + (size_t)r0 * t->w->row_bytes,
-               (size_t)(r1 - r0) * t->w->row_bytes);
+    hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
+    if (r1 <= r0) return;
+    if (packs(t->k, w->type)) {
+        for (int r = r0; r < r1; r++)
+            t->k->pack_row(w->type, t->src + (size_t)r * w->row_bytes,
+                           (char *)w->data + (size_t)r * w->row_bytes, w->cols);
+    } else {
+        memcpy((char *)w->data + (size_t)r0 * w->row_bytes, t->src + (size_t)r0 * w->row_bytes,
+               (size_t)(r1 - r0) * w->row_bytes);
+    }
 }
 
 static int set_mat(hs_model *m, hs_mat *w, int type, int rows, int cols, const void *data) {
@@ -86,7 +103,7 @@ static int set_mat(hs_model *m, hs_mat *w, int type, int rows, int cols, const v
     free_mat(w);
     *w = (hs_mat){type, rows, cols, rb, aligned(rb * (size_t)rows)};
     if (!w->data) return -1;
-    touch_ctx t = {m, w, data};
+    touch_ctx t = {m->k, m->nrc, w, data};
     hs_pool_run(m->pool, touch_task, &t);
     return 0;
 }
@@ -168,7 +185,7 @@ static int grow(hs_model *m, int n) {
         if (!*bufs[i]) return -1;
     }
     free(m->qa);
-    m->qa = aligned((size_t)n * (widest / HS_QK) * sizeof(block_q8a));
+    m->qa = aligned((size_t)n * act_stride(m->k, widest));
     free(m->rope_cos); free(m->rope_sin);
     m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
     m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
@@ -186,18 +203,53 @@ typedef struct {
     int nrc, n;
     const hs_mat *w[3];
     float *out[3];
-    const block_q8a *qa;   /* quantized activations, n rows of cols/32 blocks */
+    const char *qa;        /* quantized activations: n rows, qa_stride bytes apart */
+    size_t qa_stride;
     const float *x;        /* float activations (f16/f32 weights) */
 } matmul_ctx;
+
+/* Activation rows per pass over a thread's weight rows in batched products: the packed
+ * activations of a pass stay in L2 while the weight rows stream through. */
+#define COL_CHUNK 32
+/* Activation rows per packed product (the kernels' widest tile). */
+#define MM_COLS 8
+
+static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
+    const int nb = w->cols / HS_QK;
+    const hs_mm_fn mm = w->type == HS_Q4_0 ? t->k->mm_q4_0 : w->type == HS_Q4_1 ? t->k->mm_q4_1
+                      : t->k->mm_q8_0;
+    const char *data = w->data;
+    if (t->n == 1) { /* decode of one sequence: NRC weight rows per product */
+        for (int r = r0; r < r1; r += t->nrc) {
+            const int rows = r1 - r < t->nrc ? r1 - r : t->nrc;
+            mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows, t->qa, t->qa_stride, 1,
+               out + r, (size_t)w->rows);
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < t->n; i0 += COL_CHUNK) {
+        const int i1 = t->n - i0 < COL_CHUNK ? t->n : i0 + COL_CHUNK;
+        for (int r = r0; r < r1; r++)
+            for (int i = i0; i < i1; i += MM_COLS)
+                mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, 1, t->qa + (size_t)i * t->qa_stride,
+                   t->qa_stride, i1 - i < MM_COLS ? i1 - i : MM_COLS, out + (size_t)i * w->rows + r,
+                   (size_t)w->rows);
+    }
+}
 
 static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int ith, int nth) {
     int r0, r1;
     hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
+    if (packs(t->k, w->type)) {
+        matmul_packed(t, w, out, r0, r1);
+        return;
+    }
     const int nb = w->cols / HS_QK;
     hs_dot_fn dot = w->type == HS_Q4_0 ? t->k->dot_q4_0 : w->type == HS_Q4_1 ? t->k->dot_q4_1
                   : w->type == HS_Q8_0 ? t->k->dot_q8_0 : NULL;
     hs_gemm_fn gemm = w->type == HS_Q4_0 ? t->k->gemm_q4_0 : w->type == HS_Q4_1 ? t->k->gemm_q4_1
                     : w->type == HS_Q8_0 ? t->k->gemm_q8_0 : NULL;
+    const block_q8a *qa = (const block_q8a *)t->qa;
     float tmp[4];
     if (dot && gemm && t->n > 1) {
         /* Batched: each weight row is unpacked once per four activations. */
@@ -205,7 +257,7 @@ static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int it
             const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;
             for (int i = 0; i < t->n; i += 4) {
                 const int cols = t->n - i < 4 ? t->n - i : 4;
-                gemm(nb, wr, t->qa + (size_t)i * nb, (size_t)nb, cols, tmp);
+                gemm(nb, wr, qa + (size_t)i * nb, (size_t)nb, cols, tmp);
                 for (int c = 0; c < cols; c++) out[(size_t)(i + c) * w->rows + r] = tmp[c];
             }
         }
@@ -217,7 +269,7 @@ static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int it
         for (int i = 0; i < t->n; i++) {
             float *o = out + (size_t)i * w->rows + r;
             if (dot) {
-                dot(nb, wr, w->row_bytes, rows, t->qa + (size_t)i * nb, tmp);
+                dot(nb, wr, w->row_bytes, rows, qa + (size_t)i * nb, tmp);
                 for (int j = 0; j < rows; j++) o[j] = tmp[j];
             } else {
                 for (int j = 0; j < rows; j++) {
@@ -236,23 +288,61 @@ static void matmul_task(void *p, int ith, int nth) {
     for (int i = 0; i < 3 && t->w[i]; i++) matmul_rows(t, t->w[i], t->out[i], ith, nth);
 }
 
+/* Quantizes n activation rows of `cols` values into the table's layout, `stride` bytes apart. */
+typedef struct {
+    const hs_kernels *k;
+    int n, cols;
+    const float *x;
+    char *qa;
+    size_t stride;
+} quant_ctx;
+
+static void quant_task(void *p, int ith, int nth) {
+    const quant_ctx *t = p;
+    int i0, i1;
+    hs_split(t->n, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        const float *x = t->x + (size_t)i * t->cols;
+        if (t->k->quantize_packed)
+            t->k->quantize_packed(x, t->qa + (size_t)i * t->stride, t->cols);
+        else
+            t->k->quantize_act(x, (block_q8a *)(t->qa + (size_t)i * t->stride), t->cols);
+    }
+}
+
+static void quantize_rows(hs_pool *pool, const hs_kernels *k, int n, const float *x, int cols,
+                          char *qa, size_t stride) {
+    quant_ctx q = {k, n, cols, x, qa, stride};
+    if (n >= 4) /* a prefill chunk: its rows are quantized in parallel */
+        hs_pool_run(pool, quant_task, &q);
+    else
+        quant_task(&q, 0, 1);
+}
+
 /* out_i[n][w_i.rows] = x[n][cols] @ w_i^T for up to three matrices sharing the input. */
 static void matmul3(hs_model *m, int n, const float *x, int cols, const hs_mat *w0, float *o0,
                     const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
-    const int nb = cols / HS_QK;
-    for (int i = 0; i < n; i++) m->k->quantize_act(x + (size_t)i * cols, m->qa + (size_t)i * nb, cols);
-    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, x};
+    const size_t stride = act_stride(m->k, cols);
+    quantize_rows(m->pool, m->k, n, x, cols, m->qa, stride);
+    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x};
     hs_pool_run(m->pool, matmul_task, &t);
 }
 
 void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
                const float *x, float *out) {
-    const int nb = w->cols / HS_QK;
-    block_q8a *qa = aligned((size_t)n * (nb ? nb : 1) * sizeof(block_q8a));
-    if (w->type != HS_F32 && w->type != HS_F16)
-        for (int i = 0; i < n; i++) k->quantize_act(x + (size_t)i * w->cols, qa + (size_t)i * nb, w->cols);
-    matmul_ctx t = {k, nrc, n, {w, NULL, NULL}, {out, NULL, NULL}, qa, x};
+    const size_t stride = act_stride(k, w->cols);
+    char *qa = aligned((size_t)n * (stride ? stride : 1));
+    hs_mat packed = *w;
+    if (packs(k, w->type)) { /* the model packs at load; here a packed copy serves one product */
+        packed.data = aligned(w->row_bytes * (size_t)w->rows);
+        for (int r = 0; r < w->rows; r++)
+            k->pack_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes,
+                        (char *)packed.data + (size_t)r * w->row_bytes, w->cols);
+    }
+    if (is_quantized(w->type)) quantize_rows(pool, k, n, x, w->cols, qa, stride);
+    matmul_ctx t = {k, nrc, n, {&packed, NULL, NULL}, {out, NULL, NULL}, qa, stride, x};
     hs_pool_run(pool, matmul_task, &t);
+    if (packed.data != w->data) free(packed.data);
     free(qa);
 }
 
@@ -367,9 +457,16 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
     for (int i = 0; i < n_logits; i++)
         if (logit_index[i] < 0 || logit_index[i] >= n) return -1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
-    for (int i = 0; i < n; i++)
-        hs_dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_bytes,
-                          m->x + (size_t)i * d, d);
+    const hs_mat *emb = &m->tok_embd;
+    char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
+    for (int i = 0; i < n; i++) {
+        const char *src = (const char *)emb->data + (size_t)tokens[i] * emb->row_bytes;
+        if (row) {
+            m->k->unpack_row(emb->type, src, row, d);
+            src = row;
+        }
+        hs_dequantize_row(emb->type, src, m->x + (size_t)i * d, d);
+    }
     attn_ctx at = {m, 0, n, pos, seq, block_tables, max_blocks};
     const int half = hd / 2;
     for (int i = 0; i < n; i++)

@@ -57,10 +57,11 @@ static void quantize_act_ref(const float *x, block_q8a *y, int n) {
         const float *v = x + b * HS_QK;
         float amax = 0.0f;
         for (int j = 0; j < HS_QK; j++) amax = fmaxf(amax, fabsf(v[j]));
-        const float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+        /* the SIMD variants' arithmetic: 127 / max and round half to even */
+        const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int sum = 0;
         for (int j = 0; j < HS_QK; j++) {
-            const int q = (int)roundf(v[j] * id);
+            const int q = (int)nearbyintf(v[j] * id);
             y[b].qs[j] = (int8_t)q;
             sum += q;
         }
@@ -133,9 +134,15 @@ static void axpy_f16_ref(int n, float a, const hs_fp16 *x, float *y) {
     for (int j = 0; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
-const hs_kernels hs_kernels_ref = {
-    "reference", quantize_act_ref, dot_q4_0_ref, dot_q4_1_ref, dot_q8_0_ref, dot_f16_ref,
-    dot_f32_ref, axpy_f16_ref, NULL, NULL, NULL,
+const hs_kernels hs_kernels_ref = { /* no batched or packed forms: the plain loops are the truth */
+    .name = "reference",
+    .quantize_act = quantize_act_ref,
+    .dot_q4_0 = dot_q4_0_ref,
+    .dot_q4_1 = dot_q4_1_ref,
+    .dot_q8_0 = dot_q8_0_ref,
+    .dot_f16 = dot_f16_ref,
+    .dot_f32 = dot_f32_ref,
+    .axpy_f16 = axpy_f16_ref,
 };
 
 void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n) {

@@ -1,6 +1,250 @@
-/* AVX512-VNNI variant (with AVX512VL): the AVX2 kernels with vpdpbusd in place of
- * maddubs+madd. Compiled with -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni. */
-#define HS_VNNI 1
-#define HS_KERNEL_NAME "avx512vnni"
-#define HS_KERNEL_GETTER hs_kernels_avx512
-#include "x86_avx2.c"
+/* AVX-512 VNNI variant (F, BW, VL, VNNI): a packed weight layout read 128 values at a time.
+ *
+ * Weights (converted once at load, same bytes per row as GGUF):
+ *   q4_0 / q4_1  all blocks' nibbles (16 bytes each, GGUF nibble order), then the fp16 scales
+ *                (then q4_1's fp16 minimums). 64 bytes = four blocks: the low nibbles are their
+ *                elements 0..15, the high nibbles 16..31.
+ *   q8_0         per group of four blocks: elements 0..15 of each block, then 16..31 of each,
+ *                stored unsigned (x + 128) for vpdpbusd; then the fp16 scales.
+ * Activations (quantize_packed): per group of four blocks an hs_act_group, so that int32 lane k
+ * of a vpdpbusd over (lo, hi) only sums products of block k / 4 and one float multiply applies
+ * both scales. Unsigned weights are corrected by starting the int32 sums at -8 (q4_0) or -128
+ * (q8_0) times the activations feeding each lane; q4_1's minimum adds m * d * sum(block).
+ * A partial last group is read with masked loads against zero-padded activations. */
+#include <math.h>
+#include <string.h>
+
+#include "x86_common.h"
+
+#define GROUP 4
+
+typedef struct {
+    int8_t lo[64];     /* elements 0..15 of the group's blocks, block after block */
+    int8_t hi[64];     /* elements 16..31 */
+    float d[16];       /* scale of block k / 4 in lane k */
+    int32_t off4[16];  /* -8 x the sum of the eight activations lane k multiplies */
+    int32_t off8[16];  /* -128 x the same */
+    float s[4];        /* d x sum of each block (q4_1's minimum term) */
+    float pad[12];
+} act_group;
+HS_STATIC_ASSERT(sizeof(act_group) % 64 == 0, "activation groups stay 64-byte aligned");
+
+static size_t act_bytes(int n) { return (size_t)((n / HS_QK + GROUP - 1) / GROUP) * sizeof(act_group); }
+
+static void quantize_packed(const float *x, void *out, int n) {
+    act_group *g = out;
+    const int nb = n / HS_QK;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int b = 0; b < nb; b++) {
+        act_group *G = g + b / GROUP;
+        const int j = b % GROUP;
+        float d;
+        int sum;
+        const __m256i q = quantize_block(x + b * HS_QK, &d, &sum);
+        _mm_store_si128((__m128i *)(G->lo + 16 * j), _mm256_castsi256_si128(q));
+        _mm_store_si128((__m128i *)(G->hi + 16 * j), _mm256_extracti128_si256(q, 1));
+        const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
+        const __m128i lanes = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        _mm_store_si128((__m128i *)(G->off4 + 4 * j), _mm_mullo_epi32(lanes, _mm_set1_epi32(-8)));
+        _mm_store_si128((__m128i *)(G->off8 + 4 * j), _mm_mullo_epi32(lanes, _mm_set1_epi32(-128)));
+        _mm_store_ps(G->d + 4 * j, _mm_set1_ps(d));
+        G->s[j] = d * (float)sum;
+    }
+    for (int b = nb; b % GROUP; b++) { /* zero the rest of a partial last group */
+        act_group *G = g + b / GROUP;
+        const int j = b % GROUP;
+        memset(G->lo + 16 * j, 0, 16);
+        memset(G->hi + 16 * j, 0, 16);
+        memset(G->d + 4 * j, 0, 16);
+        memset(G->off4 + 4 * j, 0, 16);
+        memset(G->off8 + 4 * j, 0, 16);
+        G->s[j] = 0.0f;
+    }
+}
+
+static void pack_row(int type, const void *src, void *dst, int cols) {
+    const int nb = cols / HS_QK;
+    uint8_t *qs = dst;
+    if (type == HS_Q4_0 || type == HS_Q4_1) {
+        hs_fp16 *d = (hs_fp16 *)(qs + (size_t)nb * 16), *m = d + nb;
+        for (int b = 0; b < nb; b++) {
+            if (type == HS_Q4_0) {
+                const block_q4_0 *x = (const block_q4_0 *)src + b;
+                memcpy(qs + b * 16, x->qs, 16);
+                d[b] = x->d;
+            } else {
+                const block_q4_1 *x = (const block_q4_1 *)src + b;
+                memcpy(qs + b * 16, x->qs, 16);
+                d[b] = x->d;
+                m[b] = x->m;
+            }
+        }
+    } else if (type == HS_Q8_0) {
+        hs_fp16 *d = (hs_fp16 *)(qs + (size_t)nb * 32);
+        for (int g = 0; g * GROUP < nb; g++) {
+            const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+            uint8_t *lo = qs + (size_t)g * GROUP * 32, *hi = lo + t * 16;
+            for (int j = 0; j < t; j++) {
+                const block_q8_0 *x = (const block_q8_0 *)src + g * GROUP + j;
+                for (int e = 0; e < 16; e++) {
+                    lo[j * 16 + e] = (uint8_t)(x->qs[e] ^ 0x80);
+                    hi[j * 16 + e] = (uint8_t)(x->qs[16 + e] ^ 0x80);
+                }
+                d[g * GROUP + j] = x->d;
+            }
+        }
+    }
+}
+
+/* The inverse of pack_row (the embedding lookup reads rows back in the GGUF layout). */
+static void unpack_row(int type, const void *src, void *dst, int cols) {
+    const int nb = cols / HS_QK;
+    const uint8_t *qs = src;
+    if (type == HS_Q4_0 || type == HS_Q4_1) {
+        const hs_fp16 *d = (const hs_fp16 *)(qs + (size_t)nb * 16), *m = d + nb;
+        for (int b = 0; b < nb; b++) {
+            if (type == HS_Q4_0) {
+                block_q4_0 *x = (block_q4_0 *)dst + b;
+                memcpy(x->qs, qs + b * 16, 16);
+                x->d = d[b];
+            } else {
+                block_q4_1 *x = (block_q4_1 *)dst + b;
+                memcpy(x->qs, qs + b * 16, 16);
+                x->d = d[b];
+                x->m = m[b];
+            }
+        }
+    } else if (type == HS_Q8_0) {
+        const hs_fp16 *d = (const hs_fp16 *)(qs + (size_t)nb * 32);
+        for (int g = 0; g * GROUP < nb; g++) {
+            const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+            const uint8_t *lo = qs + (size_t)g * GROUP * 32, *hi = lo + t * 16;
+            for (int j = 0; j < t; j++) {
+                block_q8_0 *x = (block_q8_0 *)dst + g * GROUP + j;
+                for (int e = 0; e < 16; e++) {
+                    x->qs[e] = (int8_t)(lo[j * 16 + e] ^ 0x80);
+                    x->qs[16 + e] = (int8_t)(hi[j * 16 + e] ^ 0x80);
+                }
+                x->d = d[g * GROUP + j];
+            }
+        }
+    }
+}
+
+/* The four scales of a group (fewer in a partial one), each spread over its four int32 lanes. */
+static inline __m512 group_scales(const hs_fp16 *d, __mmask8 m) {
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(m, d));
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d4));
+}
+
+enum { Q4_0, Q4_1, Q8_0 };
+
+/* R weight rows x C activation rows, all constants after inlining: the accumulators live in
+ * registers. Per group and pair: two vpdpbusd, one convert, one multiply, one FMA. */
+static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
+                                                       int nb, const uint8_t *w, size_t wstride,
+                                                       const act_group *a, size_t agroups,
+                                                       float *out, size_t ostride) {
+    __m512 acc[4][8];
+    __m128 mins[4][8];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            acc[r][c] = _mm512_setzero_ps();
+            mins[r][c] = _mm_setzero_ps();
+        }
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const int ng = (nb + GROUP - 1) / GROUP;
+    for (int g = 0; g < ng; g++) {
+        const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+        const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
+        const __mmask8 dm = (__mmask8)((1u << t) - 1);
+        __m512i wl[4], wh[4];
+        __m512 dw[4];
+        __m128 mw[4];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *row = w + (size_t)r * wstride;
+            const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
+            if (kind == Q8_0) {
+                const uint8_t *q = row + (size_t)g * GROUP * 32;
+                wl[r] = _mm512_maskz_loadu_epi8(qm, q);
+                wh[r] = _mm512_maskz_loadu_epi8(qm, q + t * 16);
+            } else {
+                const __m512i raw = _mm512_maskz_loadu_epi8(qm, row + (size_t)g * GROUP * 16);
+                wl[r] = _mm512_and_si512(raw, low4);
+                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            }
+            dw[r] = group_scales(d + g * GROUP, dm);
+            if (kind == Q4_1) mw[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(dm, d + nb + g * GROUP));
+        }
+        for (int c = 0; c < C; c++) {
+            const act_group *y = a + (size_t)c * agroups + g;
+            const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);
+            const __m512 yd = _mm512_load_ps(y->d);
+            for (int r = 0; r < R; r++) {
+                __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)
+                          : kind == Q8_0 ? _mm512_load_si512(y->off8) : _mm512_setzero_si512();
+                s = _mm512_dpbusd_epi32(s, wl[r], ylo);
+                s = _mm512_dpbusd_epi32(s, wh[r], yhi);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r], acc[r][c]);
+                if (kind == Q4_1) mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(y->s), mins[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) {
+            float v = _mm512_reduce_add_ps(acc[r][c]);
+            if (kind == Q4_1) {
+                __m128 m = mins[r][c];
+                m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+                v += _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+            }
+            out[(size_t)c * ostride + r] = v;
+        }
+}
+
+#define TILES(KIND, NAME)                                                                       \
+    static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
+                     size_t astride, int ncols, float *out, size_t ostride) {                  \
+        const size_t ag = astride / sizeof(act_group);                                         \
+        const act_group *y = a;                                                                \
+        if (ncols == 1) {                                                                      \
+            switch (nrows) {                                                                   \
+            case 1: tile(KIND, 1, 1, nb, w, wstride, y, ag, out, ostride); return;             \
+            case 2: tile(KIND, 2, 1, nb, w, wstride, y, ag, out, ostride); return;             \
+            case 3: tile(KIND, 3, 1, nb, w, wstride, y, ag, out, ostride); return;             \
+            default: tile(KIND, 4, 1, nb, w, wstride, y, ag, out, ostride); return;            \
+            }                                                                                  \
+        }                                                                                      \
+        switch (ncols) {                                                                       \
+        case 2: tile(KIND, 1, 2, nb, w, wstride, y, ag, out, ostride); return;                 \
+        case 3: tile(KIND, 1, 3, nb, w, wstride, y, ag, out, ostride); return;                 \
+        case 4: tile(KIND, 1, 4, nb, w, wstride, y, ag, out, ostride); return;                 \
+        case 5: tile(KIND, 1, 5, nb, w, wstride, y, ag, out, ostride); return;                 \
+        case 6: tile(KIND, 1, 6, nb, w, wstride, y, ag, out, ostride); return;                 \
+        case 7: tile(KIND, 1, 7, nb, w, wstride, y, ag, out, ostride); return;                 \
+        default: tile(KIND, 1, 8, nb, w, wstride, y, ag, out, ostride); return;                \
+        }                                                                                      \
+    }
+
+TILES(Q4_0, mm_q4_0)
+TILES(Q4_1, mm_q4_1)
+TILES(Q8_0, mm_q8_0)
+
+static const hs_kernels table = {
+    .name = "avx512vnni",
+    .quantize_act = quantize_act,
+    .dot_f16 = dot_f16,
+    .dot_f32 = dot_f32,
+    .axpy_f16 = axpy_f16,
+    .act_bytes = act_bytes,
+    .quantize_packed = quantize_packed,
+    .pack_row = pack_row,
+    .unpack_row = unpack_row,
+    .mm_q4_0 = mm_q4_0,
+    .mm_q4_1 = mm_q4_1,
+    .mm_q8_0 = mm_q8_0,
+};
+
+const hs_kernels *hs_kernels_avx512(void) { return &table; }
