@@ -17,8 +17,7 @@ typedef void (*hs_gemm_fn)(int nb, const void *w, const block_q8a *a, size_t ast
 
 /* Products over a variant's own packed layout: `nrows` packed weight rows (`wstride` bytes apart)
  * against `ncols` packed activation rows (`astride` bytes apart):
- * out[c * ostride + r] = sum_j w[r][j] * a[c][j]. Shapes supported: nrows 1..4 with ncols 1,
- * or nrows 1 with ncols 1..8. */
+ * out[c * ostride + r] = sum_j w[r][j] * a[c][j], for nrows and ncols of 1..4. */
 typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                          size_t astride, int ncols, float *out, size_t ostride);
 

@@ -211,8 +211,8 @@ typedef struct {
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
  * activations of a pass stay in L2 while the weight rows stream through. */
 #define COL_CHUNK 32
-/* Activation rows per packed product (the kernels' widest tile). */
-#define MM_COLS 8
+/* Weight rows and activation rows per packed product (the kernels' widest tile). */
+#define MM_TILE 4
 
 static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
     const int nb = w->cols / HS_QK;
@@ -229,11 +229,13 @@ static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int 
     }
     for (int i0 = 0; i0 < t->n; i0 += COL_CHUNK) {
         const int i1 = t->n - i0 < COL_CHUNK ? t->n : i0 + COL_CHUNK;
-        for (int r = r0; r < r1; r++)
-            for (int i = i0; i < i1; i += MM_COLS)
-                mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, 1, t->qa + (size_t)i * t->qa_stride,
-                   t->qa_stride, i1 - i < MM_COLS ? i1 - i : MM_COLS, out + (size_t)i * w->rows + r,
-                   (size_t)w->rows);
+        for (int r = r0; r < r1; r += MM_TILE) {
+            const int rows = r1 - r < MM_TILE ? r1 - r : MM_TILE;
+            for (int i = i0; i < i1; i += MM_TILE)
+                mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows,
+                   t->qa + (size_t)i * t->qa_stride, t->qa_stride, i1 - i < MM_TILE ? i1 - i : MM_TILE,
+                   out + (size_t)i * w->rows + r, (size_t)w->rows);
+        }
     }
 }
 

@@ -17,6 +17,9 @@
 #include "x86_common.h"
 
 #define GROUP 4
+#ifndef PREFETCH
+#define PREFETCH 8192 /* bytes ahead in a weight row */
+#endif
 
 typedef struct {
     int8_t lo[64];     /* elements 0..15 of the group's blocks, block after block */
@@ -146,8 +149,8 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t agroups,
                                                        float *out, size_t ostride) {
-    __m512 acc[4][8];
-    __m128 mins[4][8];
+    __m512 acc[4][4];
+    __m128 mins[4][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             acc[r][c] = _mm512_setzero_ps();
@@ -168,9 +171,13 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
             const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
             if (kind == Q8_0) {
                 const uint8_t *q = row + (size_t)g * GROUP * 32;
+                _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
                 wl[r] = _mm512_maskz_loadu_epi8(qm, q);
                 wh[r] = _mm512_maskz_loadu_epi8(qm, q + t * 16);
             } else {
+                /* the stream runs ahead of the hardware prefetcher's reach between tiles */
+                _mm_prefetch((const char *)row + (size_t)g * GROUP * 16 + PREFETCH, _MM_HINT_T0);
                 const __m512i raw = _mm512_maskz_loadu_epi8(qm, row + (size_t)g * GROUP * 16);
                 wl[r] = _mm512_and_si512(raw, low4);
                 wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
@@ -204,27 +211,26 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         }
 }
 
+#define TILE_COLS(KIND, R)                                                                      \
+    switch (ncols) {                                                                           \
+    case 1: tile(KIND, R, 1, nb, w, wstride, y, ag, out, ostride); return;                     \
+    case 2: tile(KIND, R, 2, nb, w, wstride, y, ag, out, ostride); return;                     \
+    case 3: tile(KIND, R, 3, nb, w, wstride, y, ag, out, ostride); return;                     \
+    default: tile(KIND, R, 4, nb, w, wstride, y, ag, out, ostride); return;                    \
+    }
+
+/* Up to 4 x 4 tiles: each activation group loaded from L2 serves four weight rows, each weight
+ * group unpacked once serves four activation rows. */
 #define TILES(KIND, NAME)                                                                       \
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
         const size_t ag = astride / sizeof(act_group);                                         \
         const act_group *y = a;                                                                \
-        if (ncols == 1) {                                                                      \
-            switch (nrows) {                                                                   \
-            case 1: tile(KIND, 1, 1, nb, w, wstride, y, ag, out, ostride); return;             \
-            case 2: tile(KIND, 2, 1, nb, w, wstride, y, ag, out, ostride); return;             \
-            case 3: tile(KIND, 3, 1, nb, w, wstride, y, ag, out, ostride); return;             \
-            default: tile(KIND, 4, 1, nb, w, wstride, y, ag, out, ostride); return;            \
-            }                                                                                  \
-        }                                                                                      \
-        switch (ncols) {                                                                       \
-        case 2: tile(KIND, 1, 2, nb, w, wstride, y, ag, out, ostride); return;                 \
-        case 3: tile(KIND, 1, 3, nb, w, wstride, y, ag, out, ostride); return;                 \
-        case 4: tile(KIND, 1, 4, nb, w, wstride, y, ag, out, ostride); return;                 \
-        case 5: tile(KIND, 1, 5, nb, w, wstride, y, ag, out, ostride); return;                 \
-        case 6: tile(KIND, 1, 6, nb, w, wstride, y, ag, out, ostride); return;                 \
-        case 7: tile(KIND, 1, 7, nb, w, wstride, y, ag, out, ostride); return;                 \
-        default: tile(KIND, 1, 8, nb, w, wstride, y, ag, out, ostride); return;                \
+        switch (nrows) {                                                                       \
+        case 1: TILE_COLS(KIND, 1)                                                             \
+        case 2: TILE_COLS(KIND, 2)                                                             \
+        case 3: TILE_COLS(KIND, 3)                                                             \
+        default: TILE_COLS(KIND, 4)                                                            \
         }                                                                                      \
     }
 
