@@ -126,6 +126,12 @@ static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
     for (; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
+static void to_f16(int n, const float *x, hs_fp16 *y) { /* FPCR's default: nearest even */
+    int j = 0;
+    for (; j + 4 <= n; j += 4) vst1_u16(y + j, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + j))));
+    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
+}
+
 /* Batched products: each weight block is unpacked once for up to four activations. */
 static void gemm_q4_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
                       float *out) {
@@ -196,6 +202,7 @@ static const hs_kernels table = {
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .axpy_f16 = axpy_f16,
+    .to_f16 = to_f16,
     .gemm_q4_0 = gemm_q4_0,
     .gemm_q4_1 = gemm_q4_1,
     .gemm_q8_0 = gemm_q8_0,

@@ -29,6 +29,8 @@ typedef struct {
     float (*dot_f32)(int n, const float *w, const float *x);
     /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
     void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
+    /* fp32 -> fp16, round to nearest even: K/V rows into the cache. */
+    void (*to_f16)(int n, const float *x, hs_fp16 *y);
     hs_gemm_fn gemm_q4_0, gemm_q4_1, gemm_q8_0;
     /* Optional packed layout (NULL: weights stay in the GGUF layout and dot/gemm read them).
      * When set, quantized weight rows are converted once at load by pack_row (same row bytes)

@@ -350,10 +350,9 @@ void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int
 
 /* ---- elementwise ------------------------------------------------------------------------- */
 
-static void rmsnorm(float *out, const float *x, const float *weight, int d, float eps) {
-    float ss = 0.0f;
-    for (int j = 0; j < d; j++) ss += x[j] * x[j];
-    const float scale = 1.0f / sqrtf(ss / (float)d + eps);
+static void rmsnorm(const hs_kernels *k, float *out, const float *x, const float *weight, int d,
+                    float eps) {
+    const float scale = 1.0f / sqrtf(k->dot_f32(d, x, x) / (float)d + eps);
     for (int j = 0; j < d; j++) out[j] = x[j] * scale * weight[j];
 }
 
@@ -441,6 +440,63 @@ static void swiglu_task(void *p, int ith, int nth) {
     }
 }
 
+/* ---- per-token work between the products, split across the pool by tokens ----------------- */
+
+typedef struct {
+    hs_model *m;
+    const hs_layer *L;
+    const float *norm;     /* residual_norm: RMSNorm weight, or NULL for the add alone */
+    int add;               /* residual_norm: x += xb first */
+    const attn_ctx *at;    /* qkv_post */
+    size_t layer_off;
+} token_ctx;
+
+/* x += xb (the sublayer's output), then xb = RMSNorm(x) for the next sublayer's input. */
+static void residual_norm_task(void *p, int ith, int nth) {
+    const token_ctx *t = p;
+    hs_model *m = t->m;
+    const int d = m->c.n_embd;
+    int i0, i1;
+    hs_split(t->at->n, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *x = m->x + (size_t)i * d, *xb = m->xb + (size_t)i * d;
+        if (t->add)
+            for (int j = 0; j < d; j++) x[j] += xb[j];
+        if (t->norm) rmsnorm(m->k, xb, x, t->norm, d, m->c.eps);
+    }
+}
+
+/* Biases (Qwen2), RoPE on q and k, and k/v into each token's cache slot. */
+static void qkv_post_task(void *p, int ith, int nth) {
+    const token_ctx *t = p;
+    hs_model *m = t->m;
+    const hs_config *c = &m->c;
+    const hs_layer *L = t->L;
+    const int hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd, half = hd / 2;
+    int i0, i1;
+    hs_split(t->at->n, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *q = m->q + (size_t)i * qd, *k = m->kv_k + (size_t)i * kvd, *v = m->kv_v + (size_t)i * kvd;
+        if (L->bq) for (int j = 0; j < qd; j++) q[j] += L->bq[j];
+        if (L->bk) for (int j = 0; j < kvd; j++) k[j] += L->bk[j];
+        if (L->bv) for (int j = 0; j < kvd; j++) v[j] += L->bv[j];
+        const float *cv = m->rope_cos + (size_t)i * half, *sv = m->rope_sin + (size_t)i * half;
+        rope(q, c->n_head, hd, cv, sv, c->rope_neox);
+        rope(k, c->n_head_kv, hd, cv, sv, c->rope_neox);
+        const size_t slot = slot_of(t->at, t->at->seq[i], t->at->pos[i]);
+        m->k->to_f16(kvd, k, m->k_cache + t->layer_off + slot * kvd);
+        m->k->to_f16(kvd, v, m->v_cache + t->layer_off + slot * kvd);
+    }
+}
+
+/* Per-token tasks of one token run on the calling thread: waking the pool costs more. */
+static void run_tokens(hs_model *m, int n, hs_task task, void *ctx) {
+    if (n > 1)
+        hs_pool_run(m->pool, task, ctx);
+    else
+        task(ctx, 0, 1);
+}
+
 /* ---- the step ------------------------------------------------------------------------------ */
 
 int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
@@ -479,38 +535,27 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
         }
     for (int l = 0; l < c->n_layer; l++) {
         const hs_layer *L = &m->layers[l];
-        for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->attn_norm, d, c->eps);
-        matmul3(m, n, m->xb, d, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
         const size_t layer_off = (size_t)l * m->n_blocks * m->block_size * kvd;
-        for (int i = 0; i < n; i++) {
-            float *q = m->q + (size_t)i * qd, *k = m->kv_k + (size_t)i * kvd, *v = m->kv_v + (size_t)i * kvd;
-            if (L->bq) for (int j = 0; j < qd; j++) q[j] += L->bq[j];
-            if (L->bk) for (int j = 0; j < kvd; j++) k[j] += L->bk[j];
-            if (L->bv) for (int j = 0; j < kvd; j++) v[j] += L->bv[j];
-            const float *cv = m->rope_cos + (size_t)i * half, *sv = m->rope_sin + (size_t)i * half;
-            rope(q, c->n_head, hd, cv, sv, c->rope_neox);
-            rope(k, c->n_head_kv, hd, cv, sv, c->rope_neox);
-            const size_t slot = slot_of(&at, seq[i], pos[i]);
-            hs_fp16 *kc = m->k_cache + layer_off + slot * kvd, *vc = m->v_cache + layer_off + slot * kvd;
-            for (int j = 0; j < kvd; j++) { kc[j] = hs_fp32_to_fp16(k[j]); vc[j] = hs_fp32_to_fp16(v[j]); }
-        }
         at.layer = l;
+        token_ctx tc = {m, L, L->attn_norm, l > 0, &at, layer_off};
+        run_tokens(m, n, residual_norm_task, &tc); /* the previous layer's FFN residual */
+        matmul3(m, n, m->xb, d, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
+        run_tokens(m, n, qkv_post_task, &tc);
         hs_pool_run(m->pool, attn_task, &at);
         matmul3(m, n, m->att, qd, &L->wo, m->xb, NULL, NULL, NULL, NULL);
-        for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
-        for (int i = 0; i < n; i++) rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)i * d, L->ffn_norm, d, c->eps);
+        tc.norm = L->ffn_norm;
+        tc.add = 1;
+        run_tokens(m, n, residual_norm_task, &tc);
         matmul3(m, n, m->xb, d, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
         swiglu_ctx sw = {m->gate, m->up, (size_t)n * c->n_ff};
-        if (n > 1)
-            hs_pool_run(m->pool, swiglu_task, &sw);
-        else
-            swiglu_task(&sw, 0, 1);
+        run_tokens(m, n, swiglu_task, &sw);
         matmul3(m, n, m->gate, c->n_ff, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
-        for (size_t j = 0; j < (size_t)n * d; j++) m->x[j] += m->xb[j];
     }
+    token_ctx last = {m, NULL, NULL, 1, &at, 0};
+    run_tokens(m, n, residual_norm_task, &last);
     const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
     for (int i = 0; i < n_logits; i++)
-        rmsnorm(m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
+        rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
     if (n_logits > 0) matmul3(m, n_logits, m->xb, d, out, logits, NULL, NULL, NULL, NULL);
     return 0;
 }

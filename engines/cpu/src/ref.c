@@ -134,6 +134,10 @@ static void axpy_f16_ref(int n, float a, const hs_fp16 *x, float *y) {
     for (int j = 0; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
+static void to_f16_ref(int n, const float *x, hs_fp16 *y) {
+    for (int j = 0; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
+}
+
 const hs_kernels hs_kernels_ref = { /* no batched or packed forms: the plain loops are the truth */
     .name = "reference",
     .quantize_act = quantize_act_ref,
@@ -143,6 +147,7 @@ const hs_kernels hs_kernels_ref = { /* no batched or packed forms: the plain loo
     .dot_f16 = dot_f16_ref,
     .dot_f32 = dot_f32_ref,
     .axpy_f16 = axpy_f16_ref,
+    .to_f16 = to_f16_ref,
 };
 
 void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n) {

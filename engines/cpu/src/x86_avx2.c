@@ -125,6 +125,7 @@ static const hs_kernels table = {
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .axpy_f16 = axpy_f16,
+    .to_f16 = to_f16,
     .gemm_q4_0 = gemm_q4_0,
     .gemm_q4_1 = gemm_q4_1,
     .gemm_q8_0 = gemm_q8_0,

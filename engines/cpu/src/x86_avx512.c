@@ -244,6 +244,7 @@ static const hs_kernels table = {
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .axpy_f16 = axpy_f16,
+    .to_f16 = to_f16,
     .act_bytes = act_bytes,
     .quantize_packed = quantize_packed,
     .pack_row = pack_row,

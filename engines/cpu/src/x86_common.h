@@ -86,4 +86,11 @@ static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
     for (; j < n; j++) y[j] += a * hs_f16(x[j]);
 }
 
+static void to_f16(int n, const float *x, hs_fp16 *y) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(y + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
+    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
+}
+
 #endif
