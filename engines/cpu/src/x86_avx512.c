@@ -21,22 +21,32 @@
 #define PREFETCH 8192 /* bytes ahead in a weight row */
 #endif
 
+/* An activation row: ng groups (what every product reads), then each group's q8_0 offsets
+ * (int32[16]) and q4_1 block sums (float[4]), kept apart so that they cost the q4_0 products no
+ * cache space. */
 typedef struct {
     int8_t lo[64];     /* elements 0..15 of the group's blocks, block after block */
     int8_t hi[64];     /* elements 16..31 */
     float d[16];       /* scale of block k / 4 in lane k */
     int32_t off4[16];  /* -8 x the sum of the eight activations lane k multiplies */
-    int32_t off8[16];  /* -128 x the same */
-    float s[4];        /* d x sum of each block (q4_1's minimum term) */
-    float pad[12];
 } act_group;
-HS_STATIC_ASSERT(sizeof(act_group) % 64 == 0, "activation groups stay 64-byte aligned");
+HS_STATIC_ASSERT(sizeof(act_group) == 256, "activation groups stay 64-byte aligned");
 
-static size_t act_bytes(int n) { return (size_t)((n / HS_QK + GROUP - 1) / GROUP) * sizeof(act_group); }
+static inline int32_t *act_off8(const act_group *row, int ng, int g) {
+    return (int32_t *)(row + ng) + 16 * g; /* -128 x the same sums as off4 */
+}
+static inline float *act_sums(const act_group *row, int ng, int g) {
+    return (float *)(act_off8(row, ng, ng)) + 4 * g; /* d x sum of each block */
+}
+
+static size_t act_bytes(int n) {
+    const size_t ng = (size_t)(n / HS_QK + GROUP - 1) / GROUP;
+    return ng * sizeof(act_group) + ng * 64 + (ng * 16 + 63) / 64 * 64;
+}
 
 static void quantize_packed(const float *x, void *out, int n) {
     act_group *g = out;
-    const int nb = n / HS_QK;
+    const int nb = n / HS_QK, ng = (nb + GROUP - 1) / GROUP;
     const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nb; b++) {
         act_group *G = g + b / GROUP;
@@ -49,9 +59,10 @@ static void quantize_packed(const float *x, void *out, int n) {
         const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
         const __m128i lanes = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
         _mm_store_si128((__m128i *)(G->off4 + 4 * j), _mm_mullo_epi32(lanes, _mm_set1_epi32(-8)));
-        _mm_store_si128((__m128i *)(G->off8 + 4 * j), _mm_mullo_epi32(lanes, _mm_set1_epi32(-128)));
+        _mm_store_si128((__m128i *)(act_off8(g, ng, b / GROUP) + 4 * j),
+                        _mm_mullo_epi32(lanes, _mm_set1_epi32(-128)));
         _mm_store_ps(G->d + 4 * j, _mm_set1_ps(d));
-        G->s[j] = d * (float)sum;
+        act_sums(g, ng, b / GROUP)[j] = d * (float)sum;
     }
     for (int b = nb; b % GROUP; b++) { /* zero the rest of a partial last group */
         act_group *G = g + b / GROUP;
@@ -60,8 +71,8 @@ static void quantize_packed(const float *x, void *out, int n) {
         memset(G->hi + 16 * j, 0, 16);
         memset(G->d + 4 * j, 0, 16);
         memset(G->off4 + 4 * j, 0, 16);
-        memset(G->off8 + 4 * j, 0, 16);
-        G->s[j] = 0.0f;
+        memset(act_off8(g, ng, b / GROUP) + 4 * j, 0, 16);
+        act_sums(g, ng, b / GROUP)[j] = 0.0f;
     }
 }
 
@@ -147,7 +158,7 @@ enum { Q4_0, Q4_1, Q8_0 };
  * registers. Per group and pair: two vpdpbusd, one convert, one multiply, one FMA. */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
                                                        int nb, const uint8_t *w, size_t wstride,
-                                                       const act_group *a, size_t agroups,
+                                                       const act_group *a, size_t astride,
                                                        float *out, size_t ostride) {
     __m512 acc[4][4];
     __m128 mins[4][4];
@@ -186,16 +197,17 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
             if (kind == Q4_1) mw[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(dm, d + nb + g * GROUP));
         }
         for (int c = 0; c < C; c++) {
-            const act_group *y = a + (size_t)c * agroups + g;
+            const act_group *row = (const act_group *)((const char *)a + (size_t)c * astride);
+            const act_group *y = row + g;
             const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);
             const __m512 yd = _mm512_load_ps(y->d);
             for (int r = 0; r < R; r++) {
                 __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)
-                          : kind == Q8_0 ? _mm512_load_si512(y->off8) : _mm512_setzero_si512();
+                          : kind == Q8_0 ? _mm512_load_si512(act_off8(row, ng, g)) : _mm512_setzero_si512();
                 s = _mm512_dpbusd_epi32(s, wl[r], ylo);
                 s = _mm512_dpbusd_epi32(s, wh[r], yhi);
                 acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r], acc[r][c]);
-                if (kind == Q4_1) mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(y->s), mins[r][c]);
+                if (kind == Q4_1) mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(row, ng, g)), mins[r][c]);
             }
         }
     }
@@ -213,10 +225,10 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
-    case 1: tile(KIND, R, 1, nb, w, wstride, y, ag, out, ostride); return;                     \
-    case 2: tile(KIND, R, 2, nb, w, wstride, y, ag, out, ostride); return;                     \
-    case 3: tile(KIND, R, 3, nb, w, wstride, y, ag, out, ostride); return;                     \
-    default: tile(KIND, R, 4, nb, w, wstride, y, ag, out, ostride); return;                    \
+    case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
+    case 2: tile(KIND, R, 2, nb, w, wstride, y, astride, out, ostride); return;                     \
+    case 3: tile(KIND, R, 3, nb, w, wstride, y, astride, out, ostride); return;                     \
+    default: tile(KIND, R, 4, nb, w, wstride, y, astride, out, ostride); return;                    \
     }
 
 /* Up to 4 x 4 tiles: each activation group loaded from L2 serves four weight rows, each weight
@@ -224,7 +236,6 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 #define TILES(KIND, NAME)                                                                       \
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
-        const size_t ag = astride / sizeof(act_group);                                         \
         const act_group *y = a;                                                                \
         switch (nrows) {                                                                       \
         case 1: TILE_COLS(KIND, 1)                                                             \
