@@ -14,7 +14,7 @@ python3 -m pip install -q --no-index --find-links .whl gguf 2>&1 | tail -1 || tr
 python3 -m pip install -q --no-build-isolation ./engines/cpu
 flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S .llama-src -B /tmp/llama-build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
   -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" > "$out/llama-cmake.log"
 ninja -C /tmp/llama-build llama-bench llama-batched-bench > "$out/llama-build.log"
 lscpu > "$out/lscpu.txt"
