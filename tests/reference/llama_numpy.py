@@ -1,11 +1,13 @@
-"""A float32 numpy llama forward pass straight from the GGUF tensors (dequantized by the gguf
-package): the float reference the CPU engine's logits are compared with. Slow and simple."""
+"""A float32 numpy llama forward pass straight from the GGUF tensors (read and dequantized by the
+gguf package's own reader, independently of the engine's loader): the float reference the CPU
+engine's logits are compared with. Slow and simple."""
 
 from __future__ import annotations
 
 import numpy as np
 from gguf import GGUFReader, quants
 
+from heteroserve_engines.cpu_engine.gguf_file import GGUFFile
 from heteroserve_engines.cpu_engine.gguf_model import read_config
 
 
@@ -34,9 +36,10 @@ def _rope(x: np.ndarray, positions: np.ndarray, base: float, neox: bool) -> np.n
     return out
 
 
-def logits(reader: GGUFReader, tokens: list[int]) -> np.ndarray:
+def logits(model_file: GGUFFile, tokens: list[int]) -> np.ndarray:
     """Logits for every position of `tokens` (causal), float32 math on dequantized weights."""
-    c = read_config(reader)
+    c = read_config(model_file)
+    reader = GGUFReader(model_file.path)
     names = {t.name for t in reader.tensors}
     embd = _dense(reader, "token_embd.weight")
     output = _dense(reader, "output.weight") if "output.weight" in names else embd

@@ -1,9 +1,10 @@
 """CPU kernels: every ISA variant against the reference, the block formats against the `gguf`
 package's numpy (de)quantization, and the threaded product against numpy.
 
-Tolerances: variants vs reference agree to 1e-4 relative (activations are quantized with the same
-arithmetic everywhere; the only difference is float summation order); quantized products vs the float
-product within 2 % of the output's norm (activations are quantized to 8 bits per 32-block)."""
+Tolerances: variants vs reference agree to 1e-4 relative (activations are quantized with the
+same arithmetic everywhere; the only difference is float summation order); quantized products vs
+the float product within 2 % of the output's norm (activations are quantized to 8 bits per
+32-block)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,9 @@ from pathlib import Path
 import heteroserve_cpu
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFReader, quants
+from gguf import quants
+
+from .gguf_file import GGUFFile, GGUFFormatError
 
 ARCHITECTURES = {"llama": 0, "qwen2": 1}  # value: RoPE NeoX layout
 NATIVE = {Q.F32: 0, Q.F16: 1, Q.Q4_0: 2, Q.Q4_1: 3, Q.Q8_0: 8}
@@ -48,33 +50,33 @@ class ModelConfig:
         return ARCHITECTURES[self.architecture]
 
 
-def _field(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
+def _field(reader: GGUFFile, key: str, default=None):
+    value = reader.get(key)
+    if value is None:
         if default is None:
             raise ModelFileError(f"GGUF metadata {key!r} is missing")
         return default
-    return field.contents()
+    return value
 
 
-def open_gguf(path: str | Path) -> GGUFReader:
+def open_gguf(path: str | Path) -> GGUFFile:
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"model file {path} does not exist")
     try:
-        return GGUFReader(path)
-    except Exception as error:  # the gguf package raises several kinds on corrupt files
+        return GGUFFile.open(path)
+    except (GGUFFormatError, OSError, UnicodeDecodeError) as error:
         raise ModelFileError(f"{path} is not a readable GGUF file: {error}") from error
 
 
-def read_config(reader: GGUFReader) -> ModelConfig:
+def read_config(reader: GGUFFile) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelFileError(f"architecture {arch!r} is not supported (llama, qwen2)")
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
-    vocab = reader.fields.get(f"{arch}.vocab_size")
-    n_vocab = int(vocab.contents()) if vocab else len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = reader.get(f"{arch}.vocab_size")
+    n_vocab = int(vocab) if vocab is not None else len(reader.get("tokenizer.ggml.tokens", []))
     return ModelConfig(
         architecture=arch,
         n_layer=int(_field(reader, f"{arch}.block_count")),
@@ -94,20 +96,21 @@ def read_config(reader: GGUFReader) -> ModelConfig:
 def _tensor_bytes(tensor, quantization: str | None, fd: int) -> tuple[int, np.ndarray]:
     """(hs type, contiguous bytes) of a tensor, requantized when asked.
 
-    Native tensors are read with pread into a transient buffer rather than through the reader's
-    memory map: mapped file pages that were touched count in the process's RSS for as long as
-    the map lives, doubling the weights' footprint at its peak."""
+    Tensors are read with pread into a transient buffer rather than through a memory map:
+    mapped file pages that were touched count in the process's RSS for as long as the map
+    lives, doubling the weights' footprint at its peak."""
     kind = tensor.tensor_type
     two_d = len(tensor.shape) == 2
     target = TARGETS.get(quantization or "")
+    raw = os.pread(fd, int(tensor.n_bytes), int(tensor.data_offset))
+    if len(raw) != int(tensor.n_bytes):
+        raise ModelFileError(f"tensor {tensor.name} is truncated")
+    data = np.frombuffer(raw, dtype=np.uint8)
     if kind in NATIVE and (not two_d or target is None or kind == target):
-        raw = os.pread(fd, int(tensor.n_bytes), int(tensor.data_offset))
-        if len(raw) != int(tensor.n_bytes):
-            raise ModelFileError(f"tensor {tensor.name} is truncated")
-        return NATIVE[kind], np.frombuffer(raw, dtype=np.uint8)
+        return NATIVE[kind], data
     cols = int(tensor.shape[0])
     rows = int(tensor.shape[1]) if two_d else 1
-    dense = quants.dequantize(tensor.data, kind).astype(np.float32).reshape(rows, cols)
+    dense = quants.dequantize(data.reshape(rows, -1), kind).astype(np.float32).reshape(rows, cols)
     if not two_d:
         return NATIVE[Q.F32], dense.reshape(-1).view(np.uint8)
     kind = target or Q.Q8_0
@@ -117,7 +120,7 @@ def _tensor_bytes(tensor, quantization: str | None, fd: int) -> tuple[int, np.nd
 
 def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,
                kernels: str = "", nrc: int = 2) -> tuple[heteroserve_cpu.Model, ModelConfig,
-                                                        GGUFReader]:
+                                                        GGUFFile]:
     if quantization not in (None, "q8_0", "q4_0"):
         raise ValueError(f"quantization must be q8_0 or q4_0, not {quantization!r}")
     reader = open_gguf(path)
@@ -137,7 +140,7 @@ def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: st
     return model, config, reader
 
 
-def _load_tensors(model, reader: GGUFReader, quantization: str | None, fd: int, seen: set,
+def _load_tensors(model, reader: GGUFFile, quantization: str | None, fd: int, seen: set,
                   path) -> None:
     for tensor in reader.tensors:
         name = tensor.name

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gguf import GGUFReader
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from .gguf_file import GGUFFile
 from .gguf_model import ModelFileError
 
 CONTROL = 3  # llama_token_type: control tokens (<|im_start|>, ...)
@@ -18,9 +18,9 @@ USER_DEFINED = 4
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 
 
-def _contents(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _contents(reader: GGUFFile, key: str, default=None):
+    value = reader.get(key)
+    return default if value is None else value
 
 
 @dataclass
@@ -32,7 +32,7 @@ class GGUFTokenizer:
     chat_template: str | None
 
     @classmethod
-    def from_gguf(cls, reader: GGUFReader) -> GGUFTokenizer:
+    def from_gguf(cls, reader: GGUFFile) -> GGUFTokenizer:
         kind = _contents(reader, "tokenizer.ggml.model")
         if kind != "gpt2":
             raise ModelFileError(f"tokenizer model {kind!r} is not supported (gpt2 BPE)")
