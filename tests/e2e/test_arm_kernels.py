@@ -1,6 +1,7 @@
 """The aarch64 (Kunpeng) path, proven here without ARM hardware: cross-compile the kernels with
-gcc-aarch64-linux-gnu and run the standalone kernel test under qemu-user, once on a CPU with the
-dot-product extension (dispatch picks `dotprod`) and once on a Cortex-A53 without it (`neon`)."""
+gcc-aarch64-linux-gnu and run the standalone kernel test under qemu-user on three CPUs: one with the
+int8 matrix-multiply extension (dispatch picks `i8mm`), a Neoverse N1 with the dot product but no
+i8mm (`dotprod`, Kunpeng 920's level) and a Cortex-A53 with neither (`neon`)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def kernel_test(tmp_path_factory) -> Path:
     return binary
 
 
-@pytest.mark.parametrize(("cpu", "selected"), [("max", "dotprod"), ("cortex-a53", "neon")])
+@pytest.mark.parametrize(("cpu", "selected"), [("max", "i8mm"), ("neoverse-n1", "dotprod"),
+                                                ("cortex-a53", "neon")])
 def test_arm_kernels_match_the_reference_under_qemu(kernel_test, cpu, selected):
     result = subprocess.run(["qemu-aarch64", "-cpu", cpu, "-L", "/usr/aarch64-linux-gnu",
                              str(kernel_test)], capture_output=True, text=True, timeout=300,

@@ -17,6 +17,7 @@ static int has_avx512vnni(void) {
 }
 const hs_kernels *hs_kernels_neon(void) { return NULL; }
 const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
+const hs_kernels *hs_kernels_i8mm(void) { return NULL; }
 #define VARIANTS {&hs_kernels_ref, has_avx2() ? hs_kernels_avx2() : NULL, \
                   has_avx512vnni() ? hs_kernels_avx512() : NULL}
 #elif defined(__aarch64__)
@@ -24,15 +25,21 @@ const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 const hs_kernels *hs_kernels_avx2(void) { return NULL; }
 const hs_kernels *hs_kernels_avx512(void) { return NULL; }
 static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
-#define VARIANTS {&hs_kernels_ref, hs_kernels_neon(), has_dotprod() ? hs_kernels_dotprod() : NULL}
+static int has_i8mm(void) { return has_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
+#define VARIANTS {&hs_kernels_ref, hs_kernels_neon(), has_dotprod() ? hs_kernels_dotprod() : NULL, \
+                  has_i8mm() ? hs_kernels_i8mm() : NULL}
 #else
 const hs_kernels *hs_kernels_avx2(void) { return NULL; }
 const hs_kernels *hs_kernels_avx512(void) { return NULL; }
 const hs_kernels *hs_kernels_neon(void) { return NULL; }
 const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
+const hs_kernels *hs_kernels_i8mm(void) { return NULL; }
 #define VARIANTS {&hs_kernels_ref, NULL, NULL}
 #endif
 

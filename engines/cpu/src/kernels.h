@@ -48,6 +48,7 @@ const hs_kernels *hs_kernels_avx2(void);    /* NULL when not compiled in */
 const hs_kernels *hs_kernels_avx512(void);
 const hs_kernels *hs_kernels_neon(void);
 const hs_kernels *hs_kernels_dotprod(void);
+const hs_kernels *hs_kernels_i8mm(void);
 
 /* The best variant this CPU runs (or the one named by HETEROSERVE_KERNELS). */
 const hs_kernels *hs_kernels_select(void);

@@ -27,16 +27,24 @@ static float frand(unsigned *s) {
 }
 
 int main(void) {
-    enum { ROWS = 36, COLS = 512, N = 3 };
+    /* 544 columns: 17 blocks, a partial group for the packed x86 layout; 1, 3 and 6 activation
+     * rows: the one-row products, an odd column and a second column tile. */
+    enum { ROWS = 36, COLS = 544, N = 6 };
     unsigned seed = 42;
     float *w = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * N * COLS);
     for (int i = 0; i < ROWS * COLS; i++) w[i] = frand(&seed);
     for (int i = 0; i < N * COLS; i++) x[i] = frand(&seed);
     block_q8_0 *w8 = malloc(sizeof(block_q8_0) * ROWS * COLS / HS_QK);
     block_q4_0 *w4 = malloc(sizeof(block_q4_0) * ROWS * COLS / HS_QK);
+    block_q4_1 *w41 = malloc(sizeof(block_q4_1) * ROWS * COLS / HS_QK);
     for (int r = 0; r < ROWS; r++) {
         hs_quantize_row_q8_0(w + r * COLS, w8 + r * COLS / HS_QK, COLS);
         hs_quantize_row_q4_0(w + r * COLS, w4 + r * COLS / HS_QK, COLS);
+    }
+    for (int b = 0; b < ROWS * COLS / HS_QK; b++) { /* q4_1: random nibbles, scale and minimum */
+        w41[b].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(&seed));
+        w41[b].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(&seed));
+        for (int j = 0; j < HS_QK / 2; j++) w41[b].qs[j] = (uint8_t)(seed = seed * 1103515245u + 12345u) >> 3;
     }
     /* q4_0 and q8_0 dequantize back close to the floats. */
     float row[COLS];
@@ -45,27 +53,39 @@ int main(void) {
     for (int j = 0; j < COLS; j++) err = fmaxf(err, fabsf(row[j] - w[j]));
     check(err < 1.0f / 127 + 1e-3f, "q8_0 round trip", "reference");
 
-    const char *names[] = {"reference", "neon", "dotprod", "avx2", "avx512vnni"};
+    const char *names[] = {"reference", "neon", "dotprod", "i8mm", "avx2", "avx512vnni"};
     hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
     const hs_kernels *ref = &hs_kernels_ref;
-    const int types[] = {HS_Q8_0, HS_Q4_0};
-    void *datas[] = {w8, w4};
-    for (int t = 0; t < 2; t++) {
+    const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1}, batches[] = {1, 3, N};
+    const char *what[] = {"matmul q8_0", "matmul q4_0", "matmul q4_1"};
+    void *datas[] = {w8, w4, w41};
+    for (int t = 0; t < 3; t++) {
         hs_mat mat = {types[t], ROWS, COLS, hs_row_bytes(types[t], COLS), datas[t]};
         float expect[N * ROWS], got[N * ROWS];
-        hs_matmul(one, ref, 1, &mat, N, x, expect);
-        float scale = 0;
-        for (int i = 0; i < N * ROWS; i++) scale = fmaxf(scale, fabsf(expect[i]));
         for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
             const hs_kernels *k = hs_kernels_by_name(names[v]);
             if (!k) continue;
-            for (int nrc = 1; nrc <= 4; nrc *= 2) {
-                hs_matmul(three, k, nrc, &mat, N, x, got);
-                float worst = 0;
-                for (int i = 0; i < N * ROWS; i++)
-                    worst = fmaxf(worst, fabsf(got[i] - expect[i]) / (1e-4f * scale + 1e-4f * fabsf(expect[i])));
-                check(worst <= 1.0f, types[t] == HS_Q8_0 ? "matmul q8_0" : "matmul q4_0", k->name);
+            for (int bi = 0; bi < 3; bi++) {
+                const int n = batches[bi];
+                hs_matmul(one, ref, 1, &mat, n, x, expect);
+                float scale = 0;
+                for (int i = 0; i < n * ROWS; i++) scale = fmaxf(scale, fabsf(expect[i]));
+                for (int nrc = 1; nrc <= 4; nrc *= 2) {
+                    hs_matmul(three, k, nrc, &mat, n, x, got);
+                    float worst = 0;
+                    for (int i = 0; i < n * ROWS; i++)
+                        worst = fmaxf(worst, fabsf(got[i] - expect[i]) / (1e-4f * scale + 1e-4f * fabsf(expect[i])));
+                    check(worst <= 1.0f, what[t], k->name);
+                }
             }
+        }
+        for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
+            const hs_kernels *k = hs_kernels_by_name(names[v]);
+            if (!k || t) continue;
+            hs_fp16 h16[COLS], r16[COLS];
+            k->to_f16(COLS, w, h16);
+            ref->to_f16(COLS, w, r16);
+            check(memcmp(h16, r16, sizeof h16) == 0, "to_f16", k->name);
             hs_fp16 h[COLS];
             for (int j = 0; j < COLS; j++) h[j] = hs_fp32_to_fp16(w[j]);
             const float a = k->dot_f16(COLS, h, x), b = ref->dot_f16(COLS, h, x);
