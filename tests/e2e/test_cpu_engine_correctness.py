@@ -81,6 +81,28 @@ def test_batched_paged_sequences_equal_each_alone(loaded):
     np.testing.assert_allclose(both[1], alone_b, rtol=1e-3, atol=1e-3)
 
 
+def test_wide_steps_run_as_sub_steps_with_the_same_logits(loaded):
+    # 300 tokens of two sequences exceed the engine's 128-token sub-step: in position order they
+    # run as three sub-steps; the same tokens with one sequence reversed cannot be split and run
+    # as one wide step. Every token's logits must agree.
+    model, _config, _reader, tok = loaded
+    ids = [t for p in PROMPTS for t in tok.encode(p)][:150]
+    n = len(ids)
+    tables = np.arange(2 * 10, dtype=np.int32).reshape(2, 10) + 100
+    tokens = np.asarray(ids + ids, np.int32)
+    positions = np.asarray(list(range(n)) * 2, np.int32)
+    seqs = np.asarray([0] * n + [1] * n, np.int32)
+    everything = np.arange(2 * n, dtype=np.int32)[::-1].copy()  # logits asked in reverse order
+    split = model.forward(tokens, positions, seqs, tables, everything)
+    order = np.r_[np.arange(n), np.arange(2 * n - 1, n - 1, -1)]  # sequence 1 backwards
+    inverse = np.argsort(order)
+    whole = model.forward(tokens[order], positions[order], seqs[order], tables,
+                          inverse[everything].astype(np.int32))
+    np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-4)
+    # the two sequences are the same tokens: position 0 of each, in different sub-steps
+    np.testing.assert_allclose(split[-1], split[n - 1], rtol=1e-5, atol=1e-5)
+
+
 def test_out_of_range_arguments_are_refused(loaded):
     model, config, _reader, _tok = loaded
     table = np.zeros((1, 16), np.int32)

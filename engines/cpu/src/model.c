@@ -499,21 +499,12 @@ static void run_tokens(hs_model *m, int n, hs_task task, void *ctx) {
 
 /* ---- the step ------------------------------------------------------------------------------ */
 
-int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
-                     const int32_t *seq, const int32_t *block_tables, int n_seqs,
-                     int max_blocks, const int32_t *logit_index, int n_logits, float *logits) {
+/* One pass of the layers over n validated tokens. */
+static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
+                        const int32_t *seq, const int32_t *block_tables, int max_blocks,
+                        const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    if (n < 1 || !m->k_cache || !m->tok_embd.data || grow(m, n) != 0) return -1;
-    for (int i = 0; i < n; i++) {
-        if (tokens[i] < 0 || tokens[i] >= c->n_vocab || seq[i] < 0 || seq[i] >= n_seqs ||
-            pos[i] < 0 || pos[i] / m->block_size >= max_blocks)
-            return -1;
-        const int block = block_tables[(size_t)seq[i] * max_blocks + pos[i] / m->block_size];
-        if (block < 0 || block >= m->n_blocks) return -1;
-    }
-    if (n_logits > n) return -1;
-    for (int i = 0; i < n_logits; i++)
-        if (logit_index[i] < 0 || logit_index[i] >= n) return -1;
+    if (grow(m, n) != 0) return -1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
@@ -558,4 +549,63 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
         rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
     if (n_logits > 0) matmul3(m, n_logits, m->xb, d, out, logits, NULL, NULL, NULL, NULL);
     return 0;
+}
+
+/* Steps wider than UBATCH tokens run as consecutive sub-steps of UBATCH tokens (as llama.cpp's
+ * micro-batches): the scratch then stays that of UBATCH tokens, and the weights are streamed as
+ * often as one wide step would (every COL_CHUNK tokens). Allowed when every sequence's tokens come
+ * in increasing positions, so that each token's keys and values are written before a later
+ * sub-step attends to them. */
+#define UBATCH 128
+
+static int in_position_order(int n, const int32_t *pos, const int32_t *seq, int n_seqs) {
+    int32_t *last = malloc(sizeof(int32_t) * (size_t)n_seqs);
+    if (!last) return 0;
+    for (int s = 0; s < n_seqs; s++) last[s] = -1;
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = pos[i] > last[seq[i]];
+        last[seq[i]] = pos[i];
+    }
+    free(last);
+    return ok;
+}
+
+int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
+                     const int32_t *seq, const int32_t *block_tables, int n_seqs,
+                     int max_blocks, const int32_t *logit_index, int n_logits, float *logits) {
+    const hs_config *c = &m->c;
+    if (n < 1 || !m->k_cache || !m->tok_embd.data) return -1;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab || seq[i] < 0 || seq[i] >= n_seqs ||
+            pos[i] < 0 || pos[i] / m->block_size >= max_blocks)
+            return -1;
+        const int block = block_tables[(size_t)seq[i] * max_blocks + pos[i] / m->block_size];
+        if (block < 0 || block >= m->n_blocks) return -1;
+    }
+    if (n_logits > n) return -1;
+    for (int i = 0; i < n_logits; i++)
+        if (logit_index[i] < 0 || logit_index[i] >= n) return -1;
+    if (n <= UBATCH || !in_position_order(n, pos, seq, n_seqs))
+        return forward_step(m, n, tokens, pos, seq, block_tables, max_blocks, logit_index,
+                            n_logits, logits);
+    int32_t *local = malloc(sizeof(int32_t) * (size_t)(n_logits ? n_logits : 1));
+    float *rows = malloc(sizeof(float) * (size_t)(n_logits ? n_logits : 1) * (size_t)c->n_vocab);
+    int rc = local && rows ? 0 : -1;
+    for (int i0 = 0; i0 < n && rc == 0; i0 += UBATCH) {
+        const int cnt = n - i0 < UBATCH ? n - i0 : UBATCH;
+        int k = 0;
+        for (int j = 0; j < n_logits; j++)
+            if (logit_index[j] >= i0 && logit_index[j] < i0 + cnt) local[k++] = logit_index[j] - i0;
+        rc = forward_step(m, cnt, tokens + i0, pos + i0, seq + i0, block_tables, max_blocks, local,
+                          k, rows);
+        k = 0; /* rows come back in the order of `local`, i.e. of logit_index within the range */
+        for (int j = 0; j < n_logits && rc == 0; j++)
+            if (logit_index[j] >= i0 && logit_index[j] < i0 + cnt)
+                memcpy(logits + (size_t)j * c->n_vocab, rows + (size_t)k++ * c->n_vocab,
+                       sizeof(float) * (size_t)c->n_vocab);
+    }
+    free(local);
+    free(rows);
+    return rc;
 }
