@@ -17,6 +17,9 @@
 #include "x86_common.h"
 
 #define GROUP 4
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
+#endif
 #ifndef PREFETCH
 #define PREFETCH 8192 /* bytes ahead in a weight row */
 #endif
@@ -182,13 +185,13 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
             const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
             if (kind == Q8_0) {
                 const uint8_t *q = row + (size_t)g * GROUP * 32;
-                _mm_prefetch((const char *)q + PREFETCH, _MM_HINT_T0);
-                _mm_prefetch((const char *)q + PREFETCH + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
+                _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
                 wl[r] = _mm512_maskz_loadu_epi8(qm, q);
                 wh[r] = _mm512_maskz_loadu_epi8(qm, q + t * 16);
             } else {
                 /* the stream runs ahead of the hardware prefetcher's reach between tiles */
-                _mm_prefetch((const char *)row + (size_t)g * GROUP * 16 + PREFETCH, _MM_HINT_T0);
+                _mm_prefetch((const char *)row + (size_t)g * GROUP * 16 + PREFETCH, PF_HINT);
                 const __m512i raw = _mm512_maskz_loadu_epi8(qm, row + (size_t)g * GROUP * 16);
                 wl[r] = _mm512_and_si512(raw, low4);
                 wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
