@@ -321,11 +321,21 @@ static void quantize_rows(hs_pool *pool, const hs_kernels *k, int n, const float
         quant_task(&q, 0, 1);
 }
 
-/* out_i[n][w_i.rows] = x[n][cols] @ w_i^T for up to three matrices sharing the input. */
-static void matmul3(hs_model *m, int n, const float *x, int cols, const hs_mat *w0, float *o0,
-                    const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
+/* Quantizes one activation row into m->qa, at the stride of `cols`-wide inputs. */
+static void quantize_row(hs_model *m, int i, const float *x, int cols) {
     const size_t stride = act_stride(m->k, cols);
-    quantize_rows(m->pool, m->k, n, x, cols, m->qa, stride);
+    if (m->k->quantize_packed)
+        m->k->quantize_packed(x, (char *)m->qa + (size_t)i * stride, cols);
+    else
+        m->k->quantize_act(x, (block_q8a *)((char *)m->qa + (size_t)i * stride), cols);
+}
+
+/* out_i[n][w_i.rows] = x[n][cols] @ w_i^T for up to three matrices sharing the input; `ready`:
+ * the per-token task that produced x has already quantized it into m->qa (one barrier less). */
+static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, const hs_mat *w0,
+                    float *o0, const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
+    const size_t stride = act_stride(m->k, cols);
+    if (!ready) quantize_rows(m->pool, m->k, n, x, cols, m->qa, stride);
     matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x};
     hs_pool_run(m->pool, matmul_task, &t);
 }
@@ -428,15 +438,19 @@ static void attn_task(void *p, int ith, int nth) {
 
 /* SwiGLU over the whole batch, split across the pool: serial, it is a visible share of a
  * batched step (n x n_ff exponentials per layer). */
-typedef struct { float *gate; const float *up; size_t count; } swiglu_ctx;
+/* SwiGLU of each token's row, then its quantization for the down projection. */
+typedef struct { hs_model *m; int n; } swiglu_ctx;
 
 static void swiglu_task(void *p, int ith, int nth) {
     const swiglu_ctx *t = p;
-    const size_t chunk = (t->count + (size_t)nth - 1) / (size_t)nth;
-    const size_t begin = chunk * (size_t)ith, end = begin + chunk < t->count ? begin + chunk : t->count;
-    for (size_t j = begin; j < end; j++) {
-        const float g = t->gate[j];
-        t->gate[j] = g / (1.0f + expf(-g)) * t->up[j];
+    const int ff = t->m->c.n_ff;
+    int i0, i1;
+    hs_split(t->n, 1, ith, nth, &i0, &i1);
+    for (int i = i0; i < i1; i++) {
+        float *gate = t->m->gate + (size_t)i * ff;
+        const float *up = t->m->up + (size_t)i * ff;
+        for (int j = 0; j < ff; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+        quantize_row(t->m, i, gate, ff);
     }
 }
 
@@ -462,7 +476,10 @@ static void residual_norm_task(void *p, int ith, int nth) {
         float *x = m->x + (size_t)i * d, *xb = m->xb + (size_t)i * d;
         if (t->add)
             for (int j = 0; j < d; j++) x[j] += xb[j];
-        if (t->norm) rmsnorm(m->k, xb, x, t->norm, d, m->c.eps);
+        if (t->norm) {
+            rmsnorm(m->k, xb, x, t->norm, d, m->c.eps);
+            quantize_row(m, i, xb, d); /* the next product's input */
+        }
     }
 }
 
@@ -530,24 +547,24 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
         at.layer = l;
         token_ctx tc = {m, L, L->attn_norm, l > 0, &at, layer_off};
         run_tokens(m, n, residual_norm_task, &tc); /* the previous layer's FFN residual */
-        matmul3(m, n, m->xb, d, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
+        matmul3(m, n, m->xb, d, 1, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
         run_tokens(m, n, qkv_post_task, &tc);
         hs_pool_run(m->pool, attn_task, &at);
-        matmul3(m, n, m->att, qd, &L->wo, m->xb, NULL, NULL, NULL, NULL);
+        matmul3(m, n, m->att, qd, 0, &L->wo, m->xb, NULL, NULL, NULL, NULL);
         tc.norm = L->ffn_norm;
         tc.add = 1;
         run_tokens(m, n, residual_norm_task, &tc);
-        matmul3(m, n, m->xb, d, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
-        swiglu_ctx sw = {m->gate, m->up, (size_t)n * c->n_ff};
+        matmul3(m, n, m->xb, d, 1, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
+        swiglu_ctx sw = {m, n};
         run_tokens(m, n, swiglu_task, &sw);
-        matmul3(m, n, m->gate, c->n_ff, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
+        matmul3(m, n, m->gate, c->n_ff, 1, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
     }
     token_ctx last = {m, NULL, NULL, 1, &at, 0};
     run_tokens(m, n, residual_norm_task, &last);
     const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
     for (int i = 0; i < n_logits; i++)
         rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
-    if (n_logits > 0) matmul3(m, n_logits, m->xb, d, out, logits, NULL, NULL, NULL, NULL);
+    if (n_logits > 0) matmul3(m, n_logits, m->xb, d, 0, out, logits, NULL, NULL, NULL, NULL);
     return 0;
 }
 
