@@ -12,6 +12,7 @@ from heteroserve_engines.cpu_engine.__main__ import default_model
 from heteroserve_engines.cpu_engine.gguf_model import load_model
 from heteroserve_engines.cpu_engine.tokenizer import GGUFTokenizer
 from tests.reference.llama_numpy import logits as reference_logits
+from tests.variants import BATCH_INVARIANT
 
 PROMPTS = [
     "The capital of France is Paris, and the capital of Germany is",
@@ -36,6 +37,15 @@ CORPUS = [*PROMPTS, "Hello world!", "  leading spaces and\ttabs\n\nnewlines",
 def loaded():
     pool = hc.Pool([], 2)
     model, config, reader = load_model(default_model(), pool)
+    model.alloc_kv(256, 16)
+    return model, config, reader, GGUFTokenizer.from_gguf(reader)
+
+
+@pytest.fixture(scope="module")
+def invariant():
+    """The model on a vector variant, for comparisons across batch shapes (tests/variants.py)."""
+    pool = hc.Pool([], 2)
+    model, config, reader = load_model(default_model(), pool, kernels=BATCH_INVARIANT)
     model.alloc_kv(256, 16)
     return model, config, reader, GGUFTokenizer.from_gguf(reader)
 
@@ -65,8 +75,8 @@ def test_logits_match_the_float_reference(loaded):
     assert agree / total >= 0.95, agree / total
 
 
-def test_batched_paged_sequences_equal_each_alone(loaded):
-    model, _config, _reader, tok = loaded
+def test_batched_paged_sequences_equal_each_alone(invariant):
+    model, _config, _reader, tok = invariant
     a, b = tok.encode(PROMPTS[0]), tok.encode(PROMPTS[3])
     alone_a = forward_all(model, a)[-1]
     alone_b = forward_all(model, b)[-1]
@@ -81,11 +91,11 @@ def test_batched_paged_sequences_equal_each_alone(loaded):
     np.testing.assert_allclose(both[1], alone_b, rtol=1e-3, atol=1e-3)
 
 
-def test_wide_steps_run_as_sub_steps_with_the_same_logits(loaded):
+def test_wide_steps_run_as_sub_steps_with_the_same_logits(invariant):
     # 300 tokens of two sequences exceed the engine's 128-token sub-step: in position order they
     # run as three sub-steps; the same tokens with one sequence reversed cannot be split and run
     # as one wide step. Every token's logits must agree.
-    model, _config, _reader, tok = loaded
+    model, _config, _reader, tok = invariant
     ids = [t for p in PROMPTS for t in tok.encode(p)][:150]
     n = len(ids)
     tables = np.arange(2 * 10, dtype=np.int32).reshape(2, 10) + 100
@@ -101,6 +111,17 @@ def test_wide_steps_run_as_sub_steps_with_the_same_logits(loaded):
     np.testing.assert_allclose(split, whole, rtol=1e-4, atol=1e-4)
     # the two sequences are the same tokens: position 0 of each, in different sub-steps
     np.testing.assert_allclose(split[-1], split[n - 1], rtol=1e-5, atol=1e-5)
+
+
+def test_selected_variant_stays_close_to_the_vector_variant(loaded, invariant):
+    # The default (best) variant may use a matrix unit: its logits for a batched prompt stay
+    # within the variants' rounding spread of the batch-invariant vector variant's.
+    tok = loaded[3]
+    ids = [t for p in PROMPTS[:4] for t in tok.encode(p)]
+    ours, theirs = forward_all(loaded[0], ids[:64]), forward_all(invariant[0], ids[:64])
+    for row in range(len(ours)):
+        assert np.corrcoef(ours[row], theirs[row])[0, 1] > 0.995
+    assert np.mean(ours.argmax(axis=1) == theirs.argmax(axis=1)) >= 0.9
 
 
 def test_out_of_range_arguments_are_refused(loaded):

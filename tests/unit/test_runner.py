@@ -13,11 +13,12 @@ from heteroserve_engines.cpu_engine.__main__ import default_model
 from heteroserve_engines.cpu_engine.gguf_model import load_model
 from heteroserve_engines.cpu_engine.runner import EngineCore, PromptTooLong, SamplingParams
 from heteroserve_engines.cpu_engine.tokenizer import GGUFTokenizer
+from tests.variants import BATCH_INVARIANT
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer():
-    model, config, reader = load_model(default_model(), hc.Pool([], 2))
+def model_and_tokenizer():  # outputs compared across batch shapes: see tests/variants.py
+    model, config, reader = load_model(default_model(), hc.Pool([], 2), kernels=BATCH_INVARIANT)
     model.alloc_kv(64, 16)
     return model, config, GGUFTokenizer.from_gguf(reader)
 

@@ -5,6 +5,10 @@
 #include "kernels.h"
 
 #if defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
 static int has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
@@ -15,11 +19,22 @@ static int has_avx512vnni(void) {
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
+/* AMX tile data needs the kernel's permission (Linux 5.16+), asked once for the process. */
+static int has_amx(void) {
+    static int state = -1;
+    if (state < 0) {
+        __builtin_cpu_init();
+        state = has_avx512vnni() && __builtin_cpu_supports("amx-tile") &&
+                __builtin_cpu_supports("amx-int8") &&
+                syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return state;
+}
 const hs_kernels *hs_kernels_neon(void) { return NULL; }
 const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
 const hs_kernels *hs_kernels_i8mm(void) { return NULL; }
 #define VARIANTS {&hs_kernels_ref, has_avx2() ? hs_kernels_avx2() : NULL, \
-                  has_avx512vnni() ? hs_kernels_avx512() : NULL}
+                  has_avx512vnni() ? hs_kernels_avx512() : NULL, has_amx() ? hs_kernels_amx() : NULL}
 #elif defined(__aarch64__)
 #include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
@@ -30,6 +45,7 @@ const hs_kernels *hs_kernels_i8mm(void) { return NULL; }
 #endif
 const hs_kernels *hs_kernels_avx2(void) { return NULL; }
 const hs_kernels *hs_kernels_avx512(void) { return NULL; }
+const hs_kernels *hs_kernels_amx(void) { return NULL; }
 static int has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 static int has_i8mm(void) { return has_dotprod() && (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0; }
 #define VARIANTS {&hs_kernels_ref, hs_kernels_neon(), has_dotprod() ? hs_kernels_dotprod() : NULL, \
@@ -37,6 +53,7 @@ static int has_i8mm(void) { return has_dotprod() && (getauxval(AT_HWCAP2) & HWCA
 #else
 const hs_kernels *hs_kernels_avx2(void) { return NULL; }
 const hs_kernels *hs_kernels_avx512(void) { return NULL; }
+const hs_kernels *hs_kernels_amx(void) { return NULL; }
 const hs_kernels *hs_kernels_neon(void) { return NULL; }
 const hs_kernels *hs_kernels_dotprod(void) { return NULL; }
 const hs_kernels *hs_kernels_i8mm(void) { return NULL; }

@@ -21,6 +21,12 @@ typedef void (*hs_gemm_fn)(int nb, const void *w, const block_q8a *a, size_t ast
 typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                          size_t astride, int ncols, float *out, size_t ostride);
 
+/* Products of many activation rows at once (AMX tiles): nrows weight rows x ncols activation
+ * rows of mm_*'s layouts, any sizes. Returns how many leading activation rows it computed (a
+ * multiple of its tile width, possibly 0); the caller computes the rest with mm_*. */
+typedef int (*hs_wide_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
+                          size_t astride, int ncols, float *out, size_t ostride);
+
 typedef struct {
     const char *name;
     void (*quantize_act)(const float *x, block_q8a *y, int n);
@@ -41,11 +47,13 @@ typedef struct {
     void (*pack_row)(int type, const void *src, void *dst, int cols);
     void (*unpack_row)(int type, const void *src, void *dst, int cols);
     hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
+    hs_wide_fn wide_q4_0, wide_q4_1, wide_q8_0; /* optional */
 } hs_kernels;
 
 extern const hs_kernels hs_kernels_ref;
 const hs_kernels *hs_kernels_avx2(void);    /* NULL when not compiled in */
 const hs_kernels *hs_kernels_avx512(void);
+const hs_kernels *hs_kernels_amx(void);
 const hs_kernels *hs_kernels_neon(void);
 const hs_kernels *hs_kernels_dotprod(void);
 const hs_kernels *hs_kernels_i8mm(void);

@@ -227,13 +227,21 @@ static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int 
         }
         return;
     }
-    for (int i0 = 0; i0 < t->n; i0 += COL_CHUNK) {
-        const int i1 = t->n - i0 < COL_CHUNK ? t->n : i0 + COL_CHUNK;
+    const hs_wide_fn wide = w->type == HS_Q4_0 ? t->k->wide_q4_0 : w->type == HS_Q4_1
+                          ? t->k->wide_q4_1 : t->k->wide_q8_0;
+    for (int c0 = 0; c0 < t->n; c0 += COL_CHUNK) {
+        const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
+        int i0 = c0;
+        if (wide && r1 > r0) /* tile-unit products first; the columns they leave, below */
+            i0 += wide(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
+                       t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
+                       out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
+        if (i0 >= c1) continue;
         for (int r = r0; r < r1; r += MM_TILE) {
             const int rows = r1 - r < MM_TILE ? r1 - r : MM_TILE;
-            for (int i = i0; i < i1; i += MM_TILE)
+            for (int i = i0; i < c1; i += MM_TILE)
                 mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows,
-                   t->qa + (size_t)i * t->qa_stride, t->qa_stride, i1 - i < MM_TILE ? i1 - i : MM_TILE,
+                   t->qa + (size_t)i * t->qa_stride, t->qa_stride, c1 - i < MM_TILE ? c1 - i : MM_TILE,
                    out + (size_t)i * w->rows + r, (size_t)w->rows);
         }
     }

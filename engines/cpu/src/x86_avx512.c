@@ -252,6 +252,7 @@ TILES(Q4_0, mm_q4_0)
 TILES(Q4_1, mm_q4_1)
 TILES(Q8_0, mm_q8_0)
 
+#ifndef HS_AMX /* x86_amx.c includes this file and builds its own table */
 static const hs_kernels table = {
     .name = "avx512vnni",
     .quantize_act = quantize_act,
@@ -269,3 +270,4 @@ static const hs_kernels table = {
 };
 
 const hs_kernels *hs_kernels_avx512(void) { return &table; }
+#endif

@@ -27,9 +27,11 @@ static float frand(unsigned *s) {
 }
 
 int main(void) {
-    /* 544 columns: 17 blocks, a partial group for the packed x86 layout; 1, 3 and 6 activation
-     * rows: the one-row products, an odd column and a second column tile. */
-    enum { ROWS = 36, COLS = 544, N = 6 };
+    /* 544 columns: 17 blocks, a partial group for the packed x86 layout; 1, 3, 6 and 21
+     * activation rows: the one-row products, an odd column, a second column tile, and a 16-row
+     * tile-unit (AMX) product with five rows left over; 36 weight rows: two 16-row strips and a
+     * partial one. */
+    enum { ROWS = 36, COLS = 544, N = 21 };
     unsigned seed = 42;
     float *w = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * N * COLS);
     for (int i = 0; i < ROWS * COLS; i++) w[i] = frand(&seed);
@@ -56,7 +58,7 @@ int main(void) {
     const char *names[] = {"reference", "neon", "dotprod", "i8mm", "avx2", "avx512vnni"};
     hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
     const hs_kernels *ref = &hs_kernels_ref;
-    const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1}, batches[] = {1, 3, N};
+    const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1}, batches[] = {1, 3, 6, N};
     const char *what[] = {"matmul q8_0", "matmul q4_0", "matmul q4_1"};
     void *datas[] = {w8, w4, w41};
     for (int t = 0; t < 3; t++) {
@@ -65,7 +67,7 @@ int main(void) {
         for (size_t v = 0; v < sizeof names / sizeof names[0]; v++) {
             const hs_kernels *k = hs_kernels_by_name(names[v]);
             if (!k) continue;
-            for (int bi = 0; bi < 3; bi++) {
+            for (int bi = 0; bi < 4; bi++) {
                 const int n = batches[bi];
                 hs_matmul(one, ref, 1, &mat, n, x, expect);
                 float scale = 0;
