@@ -1,11 +1,13 @@
 /* STREAM-style read bandwidth on the pool's pinned threads: each thread first-touches, then
  * repeatedly sums, its own slice of a buffer much larger than the last-level cache. The figure
- * the decode roofline (bandwidth / weight bytes per token) is computed from. */
+ * the decode roofline (bandwidth / weight bytes per token) is computed from, over memory
+ * allocated like the weights (huge pages where the kernel allows them). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "model.h"
 #include "threadpool.h"
 
 typedef struct { uint64_t *buf; size_t words; volatile uint64_t sink[256]; int touch; } bw_ctx;
@@ -28,7 +30,8 @@ static void bw_task(void *p, int ith, int nth) {
 double hs_read_bandwidth(hs_pool *pool, size_t bytes, int repeats) {
     bw_ctx c = {0};
     c.words = bytes / 8 / 64 * 64;
-    if (posix_memalign((void **)&c.buf, 64, c.words * 8) != 0) return -1.0;
+    c.buf = hs_alloc_large(c.words * 8); /* the pages the weights are on */
+    if (!c.buf) return -1.0;
     c.touch = 1;
     hs_pool_run(pool, bw_task, &c);
     c.touch = 0;

@@ -52,6 +52,10 @@ int hs_model_forward(hs_model *model, int n, const int32_t *tokens, const int32_
                      const int32_t *seq, const int32_t *block_tables, int n_seqs,
                      int max_blocks, const int32_t *logit_index, int n_logits, float *logits);
 
+/* 64-byte aligned memory (free with free()); from 2 MiB up, 2 MiB aligned and advised onto
+ * transparent huge pages. Weights, the KV cache and the bandwidth probe use it. */
+void *hs_alloc_large(size_t bytes);
+
 /* The parallel quantized matrix product used by the model, for tests and benchmarks:
  * out[n][rows] = x[n][cols] @ W^T. */
 void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
