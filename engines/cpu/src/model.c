@@ -459,20 +459,37 @@ static void attn_task(void *p, int ith, int nth) {
 
 /* SwiGLU over the whole batch, split across the pool: serial, it is a visible share of a
  * batched step (n x n_ff exponentials per layer). */
-/* SwiGLU of each token's row, then its quantization for the down projection. */
-typedef struct { hs_model *m; int n; } swiglu_ctx;
+/* SwiGLU, then quantization for the down projection. With at least as many tokens as threads
+ * each thread takes whole rows and quantizes them; with fewer (one-token decode above all) the
+ * elements are split across the pool and the few rows quantized after it. */
+typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
+
+static void swiglu_range(float *gate, const float *up, size_t begin, size_t end) {
+    for (size_t j = begin; j < end; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+}
 
 static void swiglu_task(void *p, int ith, int nth) {
     const swiglu_ctx *t = p;
     const int ff = t->m->c.n_ff;
+    if (!t->by_rows) {
+        const size_t count = (size_t)t->n * ff, chunk = (count + (size_t)nth - 1) / (size_t)nth;
+        const size_t begin = chunk * (size_t)ith;
+        swiglu_range(t->m->gate, t->m->up, begin, begin + chunk < count ? begin + chunk : count);
+        return;
+    }
     int i0, i1;
     hs_split(t->n, 1, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
-        float *gate = t->m->gate + (size_t)i * ff;
-        const float *up = t->m->up + (size_t)i * ff;
-        for (int j = 0; j < ff; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
-        quantize_row(t->m, i, gate, ff);
+        swiglu_range(t->m->gate + (size_t)i * ff, t->m->up + (size_t)i * ff, 0, (size_t)ff);
+        quantize_row(t->m, i, t->m->gate + (size_t)i * ff, ff);
     }
+}
+
+static void swiglu(hs_model *m, int n) {
+    swiglu_ctx sw = {m, n, n >= hs_pool_size(m->pool)};
+    hs_pool_run(m->pool, swiglu_task, &sw);
+    if (!sw.by_rows)
+        for (int i = 0; i < n; i++) quantize_row(m, i, m->gate + (size_t)i * m->c.n_ff, m->c.n_ff);
 }
 
 /* ---- per-token work between the products, split across the pool by tokens ----------------- */
@@ -576,8 +593,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
         tc.add = 1;
         run_tokens(m, n, residual_norm_task, &tc);
         matmul3(m, n, m->xb, d, 1, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
-        swiglu_ctx sw = {m, n};
-        run_tokens(m, n, swiglu_task, &sw);
+        swiglu(m, n);
         matmul3(m, n, m->gate, c->n_ff, 1, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
     }
     token_ctx last = {m, NULL, NULL, 1, &at, 0};
