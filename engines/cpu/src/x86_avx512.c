@@ -252,22 +252,15 @@ TILES(Q4_0, mm_q4_0)
 TILES(Q4_1, mm_q4_1)
 TILES(Q8_0, mm_q8_0)
 
-#ifndef HS_AMX /* x86_amx.c includes this file and builds its own table */
-static const hs_kernels table = {
-    .name = "avx512vnni",
-    .quantize_act = quantize_act,
-    .dot_f16 = dot_f16,
-    .dot_f32 = dot_f32,
-    .axpy_f16 = axpy_f16,
-    .to_f16 = to_f16,
-    .act_bytes = act_bytes,
-    .quantize_packed = quantize_packed,
-    .pack_row = pack_row,
-    .unpack_row = unpack_row,
-    .mm_q4_0 = mm_q4_0,
-    .mm_q4_1 = mm_q4_1,
-    .mm_q8_0 = mm_q8_0,
-};
+/* The table's entries; x86_amx.c includes this file and adds its tile-unit products. */
+#define AVX512_KERNELS                                                                          \
+    .quantize_act = quantize_act, .dot_f16 = dot_f16, .dot_f32 = dot_f32, .axpy_f16 = axpy_f16, \
+    .to_f16 = to_f16, .act_bytes = act_bytes, .quantize_packed = quantize_packed,               \
+    .pack_row = pack_row, .unpack_row = unpack_row, .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1,     \
+    .mm_q8_0 = mm_q8_0
+
+#ifndef HS_AMX
+static const hs_kernels table = {.name = "avx512vnni", AVX512_KERNELS};
 
 const hs_kernels *hs_kernels_avx512(void) { return &table; }
 #endif
