@@ -2,13 +2,14 @@
  * weights and activations, same 4x4 register tiles for small batches - with batched products of
  * 16 or more activation rows on the tile unit.
  *
- * One `tdpbusd` multiplies 16 weight rows by 16 activation rows over 16 elements (u8 x s8 into
- * int32); two cover a block of 32 (its low and high halves), and the 16 x 16 int32 result is
- * scaled per block on the vector unit (convert, weight x activation scale, FMA) into float
- * accumulators. Weights: q8_0's packed halves are loaded into tiles straight from the rows (stride
- * = row bytes); q4_0/q4_1 nibbles are unpacked per block into a 16-row scratch first. Activations:
- * each block's 16 columns are gathered once per call into the tile layout (four int8 per int32
- * lane, one lane per column), with each column's scale and offset correction. */
+ * One `tdpbusd` multiplies 16 weight rows by 16 activation rows over a block of 32 elements (u8 x
+ * s8 into int32); the 16 x 16 result is scaled per block on the vector unit (offset correction,
+ * convert, weight x activation scale, FMA) into float accumulators, while the tile unit already
+ * multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip is
+ * copied into a 16 x 32 scratch tile first (q4_0/q4_1 nibbles unpacked, q8_0's packed halves
+ * joined). Activations: each block's 16 columns are gathered once per call into the tile layout
+ * (four int8 per int32 lane, one lane per column), with each column's scale and offset
+ * correction. */
 #define HS_AMX 1
 #include "x86_avx512.c"
 
@@ -26,7 +27,7 @@ typedef struct {
 
 /* One block of 16 activation rows in tile layout. */
 typedef struct {
-    int32_t lo[4][16];   /* B tile, elements 0..15: row k holds elements 4k..4k+3 of each column */
+    int32_t lo[4][16];   /* with hi, the 8-row B tile: row k holds elements 4k..4k+3 of each column */
     int32_t hi[4][16];   /* elements 16..31 */
     float d[16];         /* each column's block scale */
     int32_t off[16];     /* offset correction: -8 (q4_0) or -128 (q8_0) x the block's sum */
