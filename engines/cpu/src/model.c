@@ -17,7 +17,9 @@ struct hs_model {
     hs_fp16 *k_cache, *v_cache; /* [layer][slot][n_head_kv * head_dim] */
     /* scratch, grown to the largest batch seen */
     int cap;
-    float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up, *scores;
+    float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up;
+    float *scores;              /* [threads][scores_len]: attention scores, one row per thread */
+    int scores_len;
     float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
     float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
     void *qa;              /* quantized activations: the kernel table's layout */
@@ -31,7 +33,7 @@ static void *aligned(size_t bytes) {
 
 /* Weight matrices and the KV cache, when 2 MiB or more, on transparent huge pages where the
  * kernel allows them (its default "madvise" mode): one TLB entry per 2 MiB of the weight stream
- * instead of 512. Batch-1 decode of a 1.1B model on 2 cores: 38.5 -> 45.6 tok/s. */
+ * instead of 512 (docs/benchmarks.md has the batch-1 figures with and without). */
 void *hs_alloc_large(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     if (bytes < huge) return aligned(bytes);
@@ -203,10 +205,18 @@ static int grow(hs_model *m, int n) {
     m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
     m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
     if (!m->rope_cos || !m->rope_sin) return -1;
-    free(m->scores);
-    m->scores = NULL;
     m->cap = n;
     return m->qa ? 0 : -1;
+}
+
+/* One row of attention scores per pool thread, as long as the longest sequence a block table of
+ * max_blocks can hold (positions are validated against it). */
+static int grow_scores(hs_model *m, int len) {
+    if (len <= m->scores_len) return 0;
+    free(m->scores);
+    m->scores = aligned((size_t)hs_pool_size(m->pool) * (size_t)len * 4);
+    m->scores_len = m->scores ? len : 0;
+    return m->scores ? 0 : -1;
 }
 
 /* ---- parallel matrix products ------------------------------------------------------------ */
@@ -424,16 +434,10 @@ static void attn_task(void *p, int ith, int nth) {
     const float scale = 1.0f / sqrtf((float)hd);
     int w0, w1;
     hs_split(t->n * c->n_head, 1, ith, nth, &w0, &w1);
-    float *scores = NULL;
-    int scores_cap = 0;
+    float *scores = m->scores + (size_t)ith * m->scores_len; /* holds max_blocks x block_size */
     for (int w = w0; w < w1; w++) {
         const int i = w / c->n_head, h = w % c->n_head, kvh = h / group;
         const int len = t->pos[i] + 1;
-        if (len > scores_cap) {
-            free(scores);
-            scores_cap = len * 2;
-            scores = malloc((size_t)scores_cap * 4);
-        }
         const float *q = m->q + (size_t)i * c->n_head * hd + (size_t)h * hd;
         float max = -INFINITY;
         for (int p2 = 0; p2 < len; p2++) {
@@ -454,7 +458,6 @@ static void attn_task(void *p, int ith, int nth) {
             m->k->axpy_f16(hd, scores[p2] / sum, v, out);
         }
     }
-    free(scores);
 }
 
 /* SwiGLU over the whole batch, split across the pool: serial, it is a visible share of a
@@ -559,7 +562,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
                         const int32_t *seq, const int32_t *block_tables, int max_blocks,
                         const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    if (grow(m, n) != 0) return -1;
+    if (grow(m, n) != 0 || grow_scores(m, max_blocks * m->block_size) != 0) return -1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */

@@ -17,12 +17,8 @@
 #include "x86_common.h"
 
 #define GROUP 4
-#ifndef PF_HINT
 #define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
-#endif
-#ifndef PREFETCH
-#define PREFETCH 8192 /* bytes ahead in a weight row */
-#endif
+#define PREFETCH 8192        /* bytes ahead in a weight row */
 
 /* An activation row: ng groups (what every product reads), then each group's q8_0 offsets
  * (int32[16]) and q4_1 block sums (float[4]), kept apart so that they cost the q4_0 products no
