@@ -33,10 +33,11 @@ static void *aligned(size_t bytes) {
 
 /* Weight matrices and the KV cache, when 2 MiB or more, on transparent huge pages where the
  * kernel allows them (its default "madvise" mode): one TLB entry per 2 MiB of the weight stream
- * instead of 512 (docs/benchmarks.md has the batch-1 figures with and without). */
+ * instead of 512. HETEROSERVE_HUGEPAGES=0 turns it off (docs/benchmarks.md compares both). */
 void *hs_alloc_large(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
-    if (bytes < huge) return aligned(bytes);
+    const char *opt = getenv("HETEROSERVE_HUGEPAGES"); /* "0": 4 KiB pages only */
+    if (bytes < huge || (opt && strcmp(opt, "0") == 0)) return aligned(bytes);
     void *p = NULL;
     if (posix_memalign(&p, huge, bytes) != 0) return NULL;
     madvise(p, bytes / huge * huge, MADV_HUGEPAGE);
