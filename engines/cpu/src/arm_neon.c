@@ -3,9 +3,8 @@
  * ARMv8.6 SMMLA 2x2 int8 matrix multiply (Kunpeng 920B, Neoverse N2/V1). Compiled with
  * -march=armv8-a, -march=armv8.2-a+dotprod or -march=armv8.2-a+dotprod+i8mm. */
 #include <arm_neon.h>
-#include <string.h>
 
-#include "kernels.h"
+#include "gguf_layout.h"
 
 #if defined(HS_I8MM)
 #define HS_KERNEL_NAME "i8mm"
@@ -28,7 +27,8 @@ static inline int32x4_t dot16(int32x4_t acc, int8x16_t x, int8x16_t y) {
 }
 #endif
 
-static void quantize_act(const float *x, block_q8a *y, int n) {
+static void quantize_act(const float *x, void *out, int n) {
+    block_q8a *y = out;
     for (int b = 0; b < n / HS_QK; b++) {
         const float *v = x + b * HS_QK;
         float32x4_t f[8], amax = vdupq_n_f32(0.0f);
@@ -139,6 +139,7 @@ static void to_f16(int n, const float *x, hs_fp16 *y) { /* FPCR's default: neare
     for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
+#ifndef HS_I8MM /* i8mm's batched products are its SMMLA tiles, below */
 /* Batched products: each weight block is unpacked once for up to four activations. */
 static void gemm_q4_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
                       float *out) {
@@ -200,18 +201,15 @@ static void gemm_q8_0(int nb, const void *w, const block_q8a *a, size_t astride,
     for (int c = 0; c < ncols; c++) out[c] = vaddvq_f32(acc[c]);
 }
 
-#ifdef HS_I8MM
+GGUF_MM(mm_q4_0, dot_q4_0, gemm_q4_0)
+GGUF_MM(mm_q4_1, dot_q4_1, gemm_q4_1)
+GGUF_MM(mm_q8_0, dot_q8_0, gemm_q8_0)
+#else
 /* SMMLA multiplies a 2x8 by an 8x2 int8 matrix into 2x2 int32: two weight rows against two
- * activation rows, eight elements at a time. Weights stay in the GGUF layout ("packing" is a
- * copy) and activations in block_q8a; a tile of up to 4 x 4 runs as 2 x 2 sub-tiles, an odd row
+ * activation rows, eight elements at a time. Weights stay in the GGUF layout and activations
+ * in block_q8a; a tile of up to 4 x 4 runs as 2 x 2 sub-tiles, an odd row
  * or column computed twice and dropped. */
 enum { Q4_0, Q4_1, Q8_0 };
-
-static size_t act_bytes(int n) { return (size_t)(n / HS_QK) * sizeof(block_q8a); }
-static void quantize_packed(const float *x, void *y, int n) { quantize_act(x, y, n); }
-static void copy_row(int type, const void *src, void *dst, int cols) {
-    memcpy(dst, src, hs_row_bytes(type, cols));
-}
 
 /* The block's 32 weights as signed int8 (lo: elements 0..15, hi: 16..31) and its scale/min. */
 static inline void weights(int kind, const char *row, int b, int8x16_t *lo, int8x16_t *hi,
@@ -282,10 +280,8 @@ static inline __attribute__((always_inline)) void mm(int kind, int nb, const voi
                                                      size_t astride, int ncols, float *out,
                                                      size_t ostride) {
     if (ncols == 1) { /* one activation row: SDOT, NRC rows at a time */
-        float tmp[4];
-        (kind == Q4_0 ? dot_q4_0 : kind == Q4_1 ? dot_q4_1 : dot_q8_0)(
-            nb, w, wstride, nrows, (const block_q8a *)a, tmp);
-        for (int r = 0; r < nrows; r++) out[r] = tmp[r];
+        gguf_mm(kind == Q4_0 ? dot_q4_0 : kind == Q4_1 ? dot_q4_1 : dot_q8_0, NULL, nb, w, wstride,
+                nrows, a, astride, 1, out, ostride);
         return;
     }
     const block_q8a *y[4];
@@ -324,26 +320,15 @@ MM(Q8_0, mm_q8_0)
 
 static const hs_kernels table = {
     .name = HS_KERNEL_NAME,
+    .act_bytes = gguf_act_bytes,
     .quantize_act = quantize_act,
-    .dot_q4_0 = dot_q4_0,
-    .dot_q4_1 = dot_q4_1,
-    .dot_q8_0 = dot_q8_0,
+    .mm_q4_0 = mm_q4_0,
+    .mm_q4_1 = mm_q4_1,
+    .mm_q8_0 = mm_q8_0,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .axpy_f16 = axpy_f16,
     .to_f16 = to_f16,
-    .gemm_q4_0 = gemm_q4_0,
-    .gemm_q4_1 = gemm_q4_1,
-    .gemm_q8_0 = gemm_q8_0,
-#ifdef HS_I8MM
-    .act_bytes = act_bytes,
-    .quantize_packed = quantize_packed,
-    .pack_row = copy_row,
-    .unpack_row = copy_row,
-    .mm_q4_0 = mm_q4_0,
-    .mm_q4_1 = mm_q4_1,
-    .mm_q8_0 = mm_q8_0,
-#endif
 };
 
 const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }

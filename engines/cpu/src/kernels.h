@@ -5,18 +5,8 @@
 
 #include "blocks.h"
 
-/* Dot products of `nrows` weight rows (each `nb` blocks, rows `stride` bytes apart) with one
- * quantized activation row: out[r] = sum_j w[r][j] * a[j]. nrows is 1, 2 or 4 (NRC tiling). */
-typedef void (*hs_dot_fn)(int nb, const void *w, size_t stride, int nrows, const block_q8a *a,
-                          float *out);
-
-/* One weight row against `ncols` (1..4) activation rows `astride` blocks apart: each weight
- * block is unpacked once for all of them (batched decode and prefill). NULL: loop the dot. */
-typedef void (*hs_gemm_fn)(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,
-                           float *out);
-
-/* Products over a variant's own packed layout: `nrows` packed weight rows (`wstride` bytes apart)
- * against `ncols` packed activation rows (`astride` bytes apart):
+/* The quantized products, in the variant's weight and activation layouts: `nrows` weight rows
+ * (`wstride` bytes apart) against `ncols` activation rows (`astride` bytes apart):
  * out[c * ostride + r] = sum_j w[r][j] * a[c][j], for nrows and ncols of 1..4. */
 typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                          size_t astride, int ncols, float *out, size_t ostride);
@@ -29,25 +19,23 @@ typedef int (*hs_wide_fn)(int nb, const void *w, size_t wstride, int nrows, cons
 
 typedef struct {
     const char *name;
-    void (*quantize_act)(const float *x, block_q8a *y, int n);
-    hs_dot_fn dot_q4_0, dot_q4_1, dot_q8_0;
+    /* Activations: quantize_act writes one row of n values in the variant's layout, act_bytes(n)
+     * bytes (a 64-byte multiple where the variant needs aligned rows). */
+    size_t (*act_bytes)(int n);
+    void (*quantize_act)(const float *x, void *y, int n);
+    /* Weights: pack_row converts a quantized GGUF row once at load into the variant's layout
+     * (same bytes per row) and unpack_row converts it back (the embedding lookup); both NULL
+     * where the variant reads the GGUF layout as it is. */
+    void (*pack_row)(int type, const void *src, void *dst, int cols);
+    void (*unpack_row)(int type, const void *src, void *dst, int cols);
+    hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
+    hs_wide_fn wide_q4_0, wide_q4_1, wide_q8_0; /* optional */
     float (*dot_f16)(int n, const hs_fp16 *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
     /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
     void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
     /* fp32 -> fp16, round to nearest even: K/V rows into the cache. */
     void (*to_f16)(int n, const float *x, hs_fp16 *y);
-    hs_gemm_fn gemm_q4_0, gemm_q4_1, gemm_q8_0;
-    /* Optional packed layout (NULL: weights stay in the GGUF layout and dot/gemm read them).
-     * When set, quantized weight rows are converted once at load by pack_row (same row bytes)
-     * and read by mm_*, against activations quantized by quantize_packed into act_bytes(n)
-     * bytes per row (64-byte multiple). */
-    size_t (*act_bytes)(int n);
-    void (*quantize_packed)(const float *x, void *y, int n);
-    void (*pack_row)(int type, const void *src, void *dst, int cols);
-    void (*unpack_row)(int type, const void *src, void *dst, int cols);
-    hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
-    hs_wide_fn wide_q4_0, wide_q4_1, wide_q8_0; /* optional */
 } hs_kernels;
 
 extern const hs_kernels hs_kernels_ref;

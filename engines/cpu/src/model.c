@@ -84,13 +84,9 @@ void hs_model_destroy(hs_model *m) {
 
 const hs_config *hs_model_config(const hs_model *m) { return &m->c; }
 
-static size_t act_stride(const hs_kernels *k, int cols) {
-    return k->quantize_packed ? k->act_bytes(cols) : (size_t)(cols / HS_QK) * sizeof(block_q8a);
-}
-
 static int is_quantized(int type) { return type == HS_Q4_0 || type == HS_Q4_1 || type == HS_Q8_0; }
 
-/* Whether `k` keeps weights of `type` in its packed layout (then mm_* read them). */
+/* Whether `k` keeps weights of `type` in a layout of its own (pack_row at load). */
 static int packs(const hs_kernels *k, int type) { return k->pack_row && is_quantized(type); }
 
 typedef struct { const hs_kernels *k; int nrc; hs_mat *w; const char *src; } touch_ctx;
@@ -201,7 +197,7 @@ static int grow(hs_model *m, int n) {
         if (!*bufs[i]) return -1;
     }
     free(m->qa);
-    m->qa = aligned((size_t)n * act_stride(m->k, widest));
+    m->qa = aligned((size_t)n * m->k->act_bytes(widest));
     free(m->rope_cos); free(m->rope_sin);
     m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
     m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
@@ -238,7 +234,7 @@ typedef struct {
 /* Weight rows and activation rows per packed product (the kernels' widest tile). */
 #define MM_TILE 4
 
-static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
+static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
     const int nb = w->cols / HS_QK;
     const hs_mm_fn mm = w->type == HS_Q4_0 ? t->k->mm_q4_0 : w->type == HS_Q4_1 ? t->k->mm_q4_1
                       : t->k->mm_q8_0;
@@ -274,47 +270,17 @@ static void matmul_packed(const matmul_ctx *t, const hs_mat *w, float *out, int 
 static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int ith, int nth) {
     int r0, r1;
     hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
-    if (packs(t->k, w->type)) {
-        matmul_packed(t, w, out, r0, r1);
+    if (is_quantized(w->type)) {
+        matmul_quantized(t, w, out, r0, r1);
         return;
     }
-    const int nb = w->cols / HS_QK;
-    hs_dot_fn dot = w->type == HS_Q4_0 ? t->k->dot_q4_0 : w->type == HS_Q4_1 ? t->k->dot_q4_1
-                  : w->type == HS_Q8_0 ? t->k->dot_q8_0 : NULL;
-    hs_gemm_fn gemm = w->type == HS_Q4_0 ? t->k->gemm_q4_0 : w->type == HS_Q4_1 ? t->k->gemm_q4_1
-                    : w->type == HS_Q8_0 ? t->k->gemm_q8_0 : NULL;
-    const block_q8a *qa = (const block_q8a *)t->qa;
-    float tmp[4];
-    if (dot && gemm && t->n > 1) {
-        /* Batched: each weight row is unpacked once per four activations. */
-        for (int r = r0; r < r1; r++) {
-            const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;
-            for (int i = 0; i < t->n; i += 4) {
-                const int cols = t->n - i < 4 ? t->n - i : 4;
-                gemm(nb, wr, qa + (size_t)i * nb, (size_t)nb, cols, tmp);
-                for (int c = 0; c < cols; c++) out[(size_t)(i + c) * w->rows + r] = tmp[c];
-            }
-        }
-        return;
-    }
-    for (int r = r0; r < r1; r += t->nrc) {
-        const int rows = r1 - r < t->nrc ? r1 - r : t->nrc;
-        const char *wr = (const char *)w->data + (size_t)r * w->row_bytes;
+    for (int r = r0; r < r1; r++) /* f16/f32 weights (small tensors of some files) */
         for (int i = 0; i < t->n; i++) {
-            float *o = out + (size_t)i * w->rows + r;
-            if (dot) {
-                dot(nb, wr, w->row_bytes, rows, qa + (size_t)i * nb, tmp);
-                for (int j = 0; j < rows; j++) o[j] = tmp[j];
-            } else {
-                for (int j = 0; j < rows; j++) {
-                    const char *row = wr + (size_t)j * w->row_bytes;
-                    o[j] = w->type == HS_F16
-                         ? t->k->dot_f16(w->cols, (const hs_fp16 *)row, t->x + (size_t)i * w->cols)
-                         : t->k->dot_f32(w->cols, (const float *)row, t->x + (size_t)i * w->cols);
-                }
-            }
+            const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
+            const float *x = t->x + (size_t)i * w->cols;
+            out[(size_t)i * w->rows + r] = w->type == HS_F16
+                ? t->k->dot_f16(w->cols, (const hs_fp16 *)row, x) : t->k->dot_f32(w->cols, (const float *)row, x);
         }
-    }
 }
 
 static void matmul_task(void *p, int ith, int nth) {
@@ -335,13 +301,8 @@ static void quant_task(void *p, int ith, int nth) {
     const quant_ctx *t = p;
     int i0, i1;
     hs_split(t->n, 1, ith, nth, &i0, &i1);
-    for (int i = i0; i < i1; i++) {
-        const float *x = t->x + (size_t)i * t->cols;
-        if (t->k->quantize_packed)
-            t->k->quantize_packed(x, t->qa + (size_t)i * t->stride, t->cols);
-        else
-            t->k->quantize_act(x, (block_q8a *)(t->qa + (size_t)i * t->stride), t->cols);
-    }
+    for (int i = i0; i < i1; i++)
+        t->k->quantize_act(t->x + (size_t)i * t->cols, t->qa + (size_t)i * t->stride, t->cols);
 }
 
 static void quantize_rows(hs_pool *pool, const hs_kernels *k, int n, const float *x, int cols,
@@ -355,18 +316,14 @@ static void quantize_rows(hs_pool *pool, const hs_kernels *k, int n, const float
 
 /* Quantizes one activation row into m->qa, at the stride of `cols`-wide inputs. */
 static void quantize_row(hs_model *m, int i, const float *x, int cols) {
-    const size_t stride = act_stride(m->k, cols);
-    if (m->k->quantize_packed)
-        m->k->quantize_packed(x, (char *)m->qa + (size_t)i * stride, cols);
-    else
-        m->k->quantize_act(x, (block_q8a *)((char *)m->qa + (size_t)i * stride), cols);
+    m->k->quantize_act(x, (char *)m->qa + (size_t)i * m->k->act_bytes(cols), cols);
 }
 
 /* out_i[n][w_i.rows] = x[n][cols] @ w_i^T for up to three matrices sharing the input; `ready`:
  * the per-token task that produced x has already quantized it into m->qa (one barrier less). */
 static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, const hs_mat *w0,
                     float *o0, const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
-    const size_t stride = act_stride(m->k, cols);
+    const size_t stride = m->k->act_bytes(cols);
     if (!ready) quantize_rows(m->pool, m->k, n, x, cols, m->qa, stride);
     matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x};
     hs_pool_run(m->pool, matmul_task, &t);
@@ -374,7 +331,7 @@ static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, con
 
 void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
                const float *x, float *out) {
-    const size_t stride = act_stride(k, w->cols);
+    const size_t stride = k->act_bytes(w->cols);
     char *qa = aligned((size_t)n * (stride ? stride : 1));
     hs_mat packed = *w;
     if (packs(k, w->type)) { /* the model packs at load; here a packed copy serves one product */

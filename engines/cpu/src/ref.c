@@ -2,7 +2,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "gguf_layout.h"
 
 float hs_fp16_table[1 << 16];
 
@@ -52,7 +52,8 @@ __attribute__((constructor)) static void hs_init_fp16_table(void) {
     for (uint32_t i = 0; i < (1u << 16); i++) hs_fp16_table[i] = hs_fp16_to_fp32((hs_fp16)i);
 }
 
-static void quantize_act_ref(const float *x, block_q8a *y, int n) {
+static void quantize_act_ref(const float *x, void *out, int n) {
+    block_q8a *y = out;
     for (int b = 0; b < n / HS_QK; b++) {
         const float *v = x + b * HS_QK;
         float amax = 0.0f;
@@ -138,12 +139,17 @@ static void to_f16_ref(int n, const float *x, hs_fp16 *y) {
     for (int j = 0; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
-const hs_kernels hs_kernels_ref = { /* no batched or packed forms: the plain loops are the truth */
+GGUF_MM(mm_q4_0_ref, dot_q4_0_ref, NULL)
+GGUF_MM(mm_q4_1_ref, dot_q4_1_ref, NULL)
+GGUF_MM(mm_q8_0_ref, dot_q8_0_ref, NULL)
+
+const hs_kernels hs_kernels_ref = { /* no batched forms: the plain loops are the truth */
     .name = "reference",
+    .act_bytes = gguf_act_bytes,
     .quantize_act = quantize_act_ref,
-    .dot_q4_0 = dot_q4_0_ref,
-    .dot_q4_1 = dot_q4_1_ref,
-    .dot_q8_0 = dot_q8_0_ref,
+    .mm_q4_0 = mm_q4_0_ref,
+    .mm_q4_1 = mm_q4_1_ref,
+    .mm_q8_0 = mm_q8_0_ref,
     .dot_f16 = dot_f16_ref,
     .dot_f32 = dot_f32_ref,
     .axpy_f16 = axpy_f16_ref,

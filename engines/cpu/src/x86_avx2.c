@@ -2,6 +2,7 @@
  * Signed int8 products use the sign trick: maddubs(|x|, sign(y, x)) == x*y summed in pairs. */
 #include <math.h>
 
+#include "gguf_layout.h"
 #include "x86_common.h"
 
 static inline __m256 mul_sum_i8(__m256i x, __m256i y) {
@@ -116,19 +117,21 @@ static void gemm_q8_0(int nb, const void *w, const block_q8a *a, size_t astride,
     for (int c = 0; c < ncols; c++) out[c] = hsum_ps(acc[c]);
 }
 
+GGUF_MM(mm_q4_0, dot_q4_0, gemm_q4_0)
+GGUF_MM(mm_q4_1, dot_q4_1, gemm_q4_1)
+GGUF_MM(mm_q8_0, dot_q8_0, gemm_q8_0)
+
 static const hs_kernels table = {
     .name = "avx2",
+    .act_bytes = gguf_act_bytes,
     .quantize_act = quantize_act,
-    .dot_q4_0 = dot_q4_0,
-    .dot_q4_1 = dot_q4_1,
-    .dot_q8_0 = dot_q8_0,
+    .mm_q4_0 = mm_q4_0,
+    .mm_q4_1 = mm_q4_1,
+    .mm_q8_0 = mm_q8_0,
     .dot_f16 = dot_f16,
     .dot_f32 = dot_f32,
     .axpy_f16 = axpy_f16,
     .to_f16 = to_f16,
-    .gemm_q4_0 = gemm_q4_0,
-    .gemm_q4_1 = gemm_q4_1,
-    .gemm_q8_0 = gemm_q8_0,
 };
 
 const hs_kernels *hs_kernels_avx2(void) { return &table; }

@@ -47,7 +47,9 @@ static inline __m256i quantize_block(const float *v, float *d_out, int *sum_out)
     return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void quantize_act(const float *x, block_q8a *y, int n) {
+/* Activations as block_q8a rows (the GGUF-layout variants' format). */
+static inline void quantize_act(const float *x, void *out, int n) {
+    block_q8a *y = out;
     for (int b = 0; b < n / HS_QK; b++) {
         float d;
         int sum;
