@@ -7,7 +7,10 @@ RSS). Models: SmolLM2-135M-Instruct requantized to q4_0 and q8_0 by llama.cpp's 
 and a synthetic llama-shaped ~1.1B q4_0 model (TinyLlama's shape with SmolLM2's vocabulary;
 larger than the last-level cache). Prints prefill tok/s, batch-1 decode tok/s, aggregate decode
 tok/s at 8 and 16 sequences, peak RSS, the measured read bandwidth and each model's roofline
-(bandwidth / weight bytes read per token). Medians of 3 runs.
+(bandwidth / weight bytes read per token). Medians of 3 runs. Each step's next tokens are chosen
+greedily as an engine serving them would: heteroserve samples in C (`Model.sample`, its worker
+process never imports numpy, as its server does not), llama.cpp's logits go through numpy's
+argmax (llama-cpp-python imports numpy in any case).
 """
 
 from __future__ import annotations
@@ -16,13 +19,13 @@ import argparse
 import ctypes
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
-
-import numpy as np
 
 CACHE = Path(os.environ.get("HETEROSERVE_CACHE", Path.home() / ".cache" / "heteroserve")) / "bench"
 PROMPT, DECODE, BATCH_STEPS = 256, 64, 32
@@ -73,6 +76,7 @@ def tokenizer_fields(source: str | None) -> dict:
 def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = None) -> Path:
     """A llama-shaped model with random weights (0.02 std) in `kind`, and SmolLM2's tokenizer so
     that llama.cpp loads it."""
+    import numpy as np
     from gguf import GGMLQuantizationType as Q
     from gguf import GGUFWriter, quants
 
@@ -160,14 +164,15 @@ def peak_rss_mib() -> float:
 
 
 def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(100, min(vocab, 30000), n)]
+    rng = random.Random(seed)
+    return [rng.randrange(100, min(vocab, 30000)) for _ in range(n)]
 
 
 # -- workers (one process per engine x model) -------------------------------------------------
 def measure(run, reset, vocab: int) -> dict[str, float]:
     """The same measurements for both engines. `run(tokens, positions, seqs, logits_at)` runs one
-    step and returns one logits row per index of `logits_at`; `reset()` empties the KV cache
-    (heteroserve's positions simply overwrite theirs)."""
+    step and returns the greedy next token of each index of `logits_at`; `reset()` empties the KV
+    cache (heteroserve's positions simply overwrite theirs)."""
     prompt = prompt_tokens(PROMPT, vocab, 1)
     results: dict[str, float] = {}
     prefill = []
@@ -180,10 +185,10 @@ def measure(run, reset, vocab: int) -> dict[str, float]:
     decode = []
     for _ in range(3):
         reset()
-        logits = run(prompt[:32], range(32), [0] * 32, [31])
+        nxt = run(prompt[:32], range(32), [0] * 32, [31])
         start = time.perf_counter()
         for step in range(DECODE):
-            logits = run([int(np.argmax(logits[0]))], [32 + step], [0], [0])
+            nxt = run(nxt, [32 + step], [0], [0])
         decode.append(DECODE / (time.perf_counter() - start))
     results["decode_1"] = statistics.median(decode)
     for batch in (8, 16):
@@ -195,11 +200,10 @@ def measure(run, reset, vocab: int) -> dict[str, float]:
                 tokens += prompt_tokens(32, vocab, 100 + s)
                 positions += list(range(32))
                 seqs += [s] * 32
-            logits = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
+            nxt = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
             start = time.perf_counter()
             for step in range(BATCH_STEPS):
-                nxt = [int(np.argmax(logits[s])) for s in range(batch)]
-                logits = run(nxt, [32 + step] * batch, range(batch), range(batch))
+                nxt = run(nxt, [32 + step] * batch, range(batch), range(batch))
             rates.append(batch * BATCH_STEPS / (time.perf_counter() - start))
         results[f"decode_{batch}"] = statistics.median(rates)
     return results
@@ -215,22 +219,27 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
     model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC", "2")))
     per_seq = -(-(PROMPT + DECODE + 8) // 16)
     model.alloc_kv(per_seq * 16, 16)
-    tables = np.arange(per_seq * 16, dtype=np.int32).reshape(16, per_seq)
+    tables = memoryview(array("i", range(per_seq * 16))).cast("B").cast("i", (16, per_seq))
 
     def run(tokens, positions, seqs, logits_at):
-        return model.forward(np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-                             np.asarray(seqs, np.int32), tables, np.asarray(logits_at, np.int32))
+        rows = len(logits_at)
+        return model.sample(array("i", tokens), array("i", positions), array("i", seqs), tables,
+                            array("i", logits_at), [0.0] * rows, [0] * rows, [1.0] * rows,
+                            [0] * rows)[0]
 
     results = measure(run, lambda: None, config.n_vocab)
     results["weight_bytes"] = model.weight_bytes
     results["variant"] = hc.selected_variant()
     results["rss_mib"] = peak_rss_mib()
+    results["kv_bytes"] = model.kv_bytes
+    results["numpy_imported"] = "numpy" in sys.modules
     results["bandwidth_gbs"] = hc.read_bandwidth(pool, 1 << 30, 5)
     return results
 
 
 def worker_llamacpp(model_path: str, threads: int) -> dict:
     import llama_cpp as lc
+    import numpy as np
 
     lc.llama_backend_init()
     mparams = lc.llama_model_default_params()
@@ -255,8 +264,8 @@ def worker_llamacpp(model_path: str, threads: int) -> dict:
             batch.logits[i] = i in want
         if lc.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
-        return [np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(vocab,))
-                for i in logits_at]
+        return [int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i),
+                                                    shape=(vocab,)))) for i in logits_at]
 
     results = measure(run, lambda: lc.llama_memory_clear(memory, True), vocab)
     results["rss_mib"] = peak_rss_mib()
@@ -321,14 +330,16 @@ def main() -> int:
               f"{ours['decode_16'] / peer['decode_16']:.2f}x | "
               f"{ours['rss_mib'] / peer['rss_mib']:.2f}x |")
     print("\n| model | weight bytes / token | read bandwidth GB/s | roofline tok/s | "
-          "heteroserve batch-1 | % of roofline | llama.cpp % |")
-    print("|---|---|---|---|---|---|---|")
+          "heteroserve batch-1 | % of roofline | llama.cpp % | heteroserve RSS / (weights + KV) |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, measured in rows:
         ours = measured["heteroserve"]
         roof = ours["bandwidth_gbs"] * 1e9 / ours["weight_bytes"]
+        budget = (ours["weight_bytes"] + ours["kv_bytes"]) / 2**20
         print(f"| {label} | {ours['weight_bytes'] / 2**20:.0f} MiB | {ours['bandwidth_gbs']:.1f} "
               f"| {roof:.0f} | {ours['decode_1']:.1f} | {100 * ours['decode_1'] / roof:.0f} % | "
-              f"{100 * measured['llama.cpp']['decode_1'] / roof:.0f} % |")
+              f"{100 * measured['llama.cpp']['decode_1'] / roof:.0f} % | "
+              f"{ours['rss_mib']:.0f} / {budget:.0f} MiB = {ours['rss_mib'] / budget:.2f}x |")
     return 0
 
 

@@ -50,3 +50,35 @@ def test_damaged_files_are_clear_errors(tmp_path, damage, message):
     path.write_bytes(damage(blob))
     with pytest.raises(GGUFFormatError, match=message):
         GGUFFile.open(path)
+
+
+def test_long_arrays_stay_raw_until_read_and_other_types_use_gguf_sizes(tmp_path):
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
+
+    from heteroserve_engines.cpu_engine.gguf_file import LAZY_ITEMS, RawArray
+
+    path = tmp_path / "small.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    words = [f"tok{i}·" for i in range(LAZY_ITEMS + 5)]
+    writer.add_token_list(words)
+    writer.add_token_types([1, 3] * 600)
+    writer.add_array("short.list", ["a", "b"])
+    q5 = quants.quantize(np.ones((2, 64), np.float32), GGMLQuantizationType.Q5_0)
+    writer.add_tensor("q5.weight", q5, raw_dtype=GGMLQuantizationType.Q5_0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = GGUFFile.open(path)
+    assert isinstance(ours.fields["tokenizer.ggml.tokens"], RawArray)
+    assert isinstance(ours.fields["tokenizer.ggml.token_type"], RawArray)
+    assert ours.get("tokenizer.ggml.tokens") == words
+    assert ours.get("tokenizer.ggml.token_type") == [1, 3] * 600
+    assert ours.length("tokenizer.ggml.tokens") == len(words)
+    assert ours.fields["short.list"] == ["a", "b"] and ours.length("short.list") == 2
+    assert ours.length("missing") is None
+    (tensor,) = ours.tensors
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType.Q5_0]
+    assert tensor.tensor_type == GGMLQuantizationType.Q5_0
+    assert tensor.n_bytes == 2 * 64 // block * size

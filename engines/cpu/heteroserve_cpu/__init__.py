@@ -8,8 +8,9 @@ from ._kernels import (
     matmul,
     quantize,
     read_bandwidth,
+    sample,
     selected_variant,
 )
 
 __all__ = ["Model", "Pool", "available_variants", "dequantize", "matmul", "quantize",
-           "read_bandwidth", "selected_variant"]
+           "read_bandwidth", "sample", "selected_variant"]

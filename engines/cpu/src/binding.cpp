@@ -2,6 +2,7 @@
 // mirrors it; tests/unit check that the stub and the module agree).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -13,6 +14,7 @@
 extern "C" {
 #include "kernels.h"
 #include "model.h"
+#include "sample.h"
 #include "threadpool.h"
 double hs_read_bandwidth(hs_pool *pool, size_t bytes, int repeats);
 }
@@ -45,9 +47,41 @@ struct Pool {
     int size() const { return hs_pool_size(pool); }
 };
 
+using Sampled = std::pair<std::vector<int32_t>, std::vector<uint64_t>>;
+
+// One token per row of logits[rows][vocab] on the pool's threads; per-row parameters, `state`
+// each row's generator state, returned advanced.
+static Sampled sample_rows(Pool &pool, const float *logits, size_t rows, size_t vocab,
+                           const std::vector<float> &temperature, const std::vector<int> &top_k,
+                           const std::vector<float> &top_p, const std::vector<uint64_t> &state) {
+    std::vector<hs_sampling> params(rows);
+    for (size_t r = 0; r < rows; r++) params[r] = {temperature[r], top_k[r], top_p[r], state[r]};
+    std::vector<int32_t> ids(rows);
+    int rc;
+    {
+        nb::gil_scoped_release release;
+        rc = hs_sample_rows(pool.pool, logits, (int)rows, (int)vocab, params.data(), ids.data());
+    }
+    if (rc != 0) throw std::runtime_error("sampling failed: a row of logits has no number");
+    std::vector<uint64_t> next(rows);
+    for (size_t r = 0; r < rows; r++) next[r] = params[r].state;
+    return {ids, next};
+}
+
+static void check_sampling(size_t rows, const std::vector<float> &temperature,
+                           const std::vector<int> &top_k, const std::vector<float> &top_p,
+                           const std::vector<uint64_t> &state) {
+    if (temperature.size() != rows || top_k.size() != rows || top_p.size() != rows ||
+        state.size() != rows)
+        throw std::invalid_argument("temperature, top_k, top_p and state need one entry per row");
+    for (float p : top_p)
+        if (!(p > 0.0f)) throw std::invalid_argument("top_p must be > 0");
+}
+
 struct Model {
     hs_model *m = nullptr;
     Pool *pool;
+    std::vector<float> logits; // sample(): reused from step to step
     Model(Pool &p, int n_layer, int n_embd, int n_head, int n_head_kv, int head_dim, int n_ff,
           int n_vocab, int rope_neox, float eps, float rope_base, const std::string &kernels,
           int nrc)
@@ -70,30 +104,49 @@ struct Model {
         if (n_blocks < 1 || block_size < 1 || hs_model_alloc_kv(m, n_blocks, block_size) != 0)
             throw std::runtime_error("could not allocate the KV cache");
     }
-    nb::ndarray<nb::numpy, float, nb::ndim<2>> forward(i32array tokens, i32array pos, i32array seq,
-                                                       i32array block_tables, i32array logit_index) {
+    // Runs one step; logits of the logit_index tokens into `out` ([n_logits][n_vocab]).
+    void run(i32array tokens, i32array pos, i32array seq, i32array block_tables,
+             i32array logit_index, float *out) {
         const int n = (int)tokens.size();
         if ((int)pos.size() != n || (int)seq.size() != n || block_tables.ndim() != 2)
             throw std::invalid_argument("tokens, pos and seq must have one entry per token; "
                                         "block_tables is [n_seqs, max_blocks]");
-        const int n_logits = (int)logit_index.size();
-        const int vocab = hs_model_config(m)->n_vocab;
-        float *out = new float[(size_t)(n_logits ? n_logits : 1) * vocab];
         int rc;
         {
             nb::gil_scoped_release release;
             rc = hs_model_forward(m, n, tokens.data(), pos.data(), seq.data(), block_tables.data(),
                                   (int)block_tables.shape(0), (int)block_tables.shape(1),
-                                  logit_index.data(), n_logits, out);
+                                  logit_index.data(), (int)logit_index.size(), out);
         }
-        if (rc != 0) {
-            delete[] out;
+        if (rc != 0)
             throw std::invalid_argument("forward: a token, position, sequence, block or logit "
                                         "index is out of range");
+    }
+    nb::ndarray<nb::numpy, float, nb::ndim<2>> forward(i32array tokens, i32array pos, i32array seq,
+                                                       i32array block_tables, i32array logit_index) {
+        const size_t n_logits = logit_index.size(), vocab = (size_t)hs_model_config(m)->n_vocab;
+        float *out = new float[(n_logits ? n_logits : 1) * vocab];
+        try {
+            run(tokens, pos, seq, block_tables, logit_index, out);
+        } catch (...) {
+            delete[] out;
+            throw;
         }
         nb::capsule owner(out, [](void *p) noexcept { delete[] (float *)p; });
-        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {(size_t)n_logits, (size_t)vocab},
-                                                          owner);
+        return nb::ndarray<nb::numpy, float, nb::ndim<2>>(out, {n_logits, vocab}, owner);
+    }
+    // One step, then one token sampled for each logit_index entry, all in C: the logits stay
+    // in a buffer reused from step to step and never reach Python. Per-row parameters; `state`
+    // holds each row's generator state and comes back advanced.
+    Sampled sample(i32array tokens, i32array pos, i32array seq, i32array block_tables,
+                   i32array logit_index, const std::vector<float> &temperature,
+                   const std::vector<int> &top_k, const std::vector<float> &top_p,
+                   const std::vector<uint64_t> &state) {
+        const size_t rows = logit_index.size(), vocab = (size_t)hs_model_config(m)->n_vocab;
+        check_sampling(rows, temperature, top_k, top_p, state);
+        if (logits.size() < rows * vocab) logits.resize(rows * vocab);
+        run(tokens, pos, seq, block_tables, logit_index, logits.data());
+        return sample_rows(*pool, logits.data(), rows, vocab, temperature, top_k, top_p, state);
     }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
@@ -145,6 +198,16 @@ NB_MODULE(_kernels, mod) {
         return hs_read_bandwidth(pool.pool, bytes, repeats);
     }, nb::arg("pool"), nb::arg("bytes") = (size_t)1 << 30, nb::arg("repeats") = 5,
        "best-of-`repeats` read bandwidth in GB/s over a `bytes` buffer on the pool's threads");
+    mod.def("sample", [](Pool &pool, f32array logits, const std::vector<float> &temperature,
+                         const std::vector<int> &top_k, const std::vector<float> &top_p,
+                         const std::vector<uint64_t> &state) {
+        if (logits.ndim() != 2) throw std::invalid_argument("logits is [rows, n_vocab]");
+        check_sampling(logits.shape(0), temperature, top_k, top_p, state);
+        return sample_rows(pool, logits.data(), logits.shape(0), logits.shape(1), temperature,
+                           top_k, top_p, state);
+    }, nb::arg("pool"), nb::arg("logits"), nb::arg("temperature"), nb::arg("top_k"),
+       nb::arg("top_p"), nb::arg("state"),
+       "one token per row of logits (greedy when temperature <= 0), as Model.sample draws them");
     mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
     mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
             nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 2);
@@ -163,6 +226,9 @@ NB_MODULE(_kernels, mod) {
         .def("set", &Model::set)
         .def("alloc_kv", &Model::alloc_kv)
         .def("forward", &Model::forward)
+        .def("sample", &Model::sample, nb::arg("tokens"), nb::arg("pos"), nb::arg("seq"),
+             nb::arg("block_tables"), nb::arg("logit_index"), nb::arg("temperature"),
+             nb::arg("top_k"), nb::arg("top_p"), nb::arg("state"))
         .def_prop_ro("weight_bytes", &Model::weight_bytes)
         .def_prop_ro("kv_bytes", &Model::kv_bytes);
 }

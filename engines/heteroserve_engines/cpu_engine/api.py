@@ -33,7 +33,7 @@ class CommonRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=0, le=2**31 - 1)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False

@@ -1,11 +1,15 @@
 """GGUF metadata and tensor directory, read once into plain Python values.
 
 The engine reads the header only: key/value metadata (decoded to str, int, float, bool and lists)
-and where each tensor lies; tensor data is then read with `pread` by the loader. `gguf.GGUFReader`
-does the same job but keeps a numpy view per metadata string - about 160 MiB for SmolLM2's
-49,152-token vocabulary and its merges, resident for as long as the reader lives - so the engine
-parses the (small, versioned) header itself and uses the `gguf` package for its constants and
-quantization formats. Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md (v2, v3).
+and where each tensor lies; the loader then maps each tensor's bytes. `gguf.GGUFReader` does the
+same job but keeps a numpy view per metadata string - about 160 MiB for SmolLM2's 49,152-token
+vocabulary and its merges, resident for as long as the reader lives - so the engine parses the
+(small, versioned) header itself. Long arrays (the vocabulary, merges, token types) stay as their
+raw bytes (under 2 MiB for SmolLM2, against 14 MiB as Python lists) and are decoded when read:
+a process that only loads weights never builds them. The block sizes of the types the engine
+computes with are listed here; for the others the `gguf` package (and with it numpy) is imported
+when such a file is opened. Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+(v2, v3).
 """
 
 from __future__ import annotations
@@ -15,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as Q
-
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 # GGUF value types -> struct format of one scalar
@@ -26,6 +27,10 @@ SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?
 STRING, ARRAY = 8, 9
 MAX_STRING = 1 << 24   # a metadata string longer than this is a corrupt file, not a template
 MAX_ITEMS = 1 << 26
+LAZY_ITEMS = 1024     # arrays longer than this are kept raw until read
+# ggml types the engine loads as they are: id -> (name, elements per block, bytes per block)
+TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+         8: ("Q8_0", 32, 34)}
 
 
 class GGUFFormatError(ValueError):
@@ -36,9 +41,27 @@ class GGUFFormatError(ValueError):
 class TensorInfo:
     name: str
     shape: tuple[int, ...]     # GGUF order: the row length (ne0) first
-    tensor_type: Q
+    tensor_type: int           # ggml type id (gguf.GGMLQuantizationType's values)
     data_offset: int           # from the start of the file
     n_bytes: int
+
+
+@dataclass(frozen=True)
+class RawArray:
+    """A long metadata array as it lies in the file; `decode()` gives the list."""
+    item: int
+    count: int
+    data: bytes
+
+    def decode(self) -> list[Any]:
+        if self.item in SCALARS:
+            return list(struct.unpack_from(f"<{self.count}{SCALARS[self.item][1]}", self.data))
+        out, at, data = [], 0, self.data
+        for _ in range(self.count):  # strings: u64 length, then the bytes
+            (n,) = struct.unpack_from("<Q", data, at)
+            out.append(data[at + 8:at + 8 + n].decode("utf-8", errors="replace"))
+            at += 8 + n
+        return out
 
 
 @dataclass(frozen=True)
@@ -49,7 +72,15 @@ class GGUFFile:
     tensors: list[TensorInfo]
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self.fields.get(key, default)
+        value = self.fields.get(key, default)
+        return value.decode() if isinstance(value, RawArray) else value
+
+    def length(self, key: str) -> int | None:
+        """Items of an array field without decoding it; None when the key is absent."""
+        value = self.fields.get(key)
+        if value is None:
+            return None
+        return value.count if isinstance(value, RawArray) else len(value)
 
     @classmethod
     def open(cls, path: str | Path) -> GGUFFile:
@@ -88,8 +119,19 @@ def _value(f: BinaryIO, kind: int) -> Any:
             raise GGUFFormatError(f"a metadata array claims {count} items")
         if item in SCALARS:  # one read for the whole array
             fmt = SCALARS[item]
-            width = struct.calcsize(fmt)
-            return list(struct.unpack(f"<{count}{fmt[1]}", _read(f, width * count)))
+            raw = _read(f, struct.calcsize(fmt) * count)
+            array = RawArray(item, count, raw)
+            return array if count > LAZY_ITEMS else array.decode()
+        if item == STRING and count > LAZY_ITEMS:
+            start = f.tell()
+            for _ in range(count):  # skip to the end, then keep the bytes in between
+                n = _scalar(f, "<Q")
+                if n > MAX_STRING:
+                    raise GGUFFormatError(f"a metadata string claims {n} bytes")
+                f.seek(n, 1)
+            end = f.tell()
+            f.seek(start)
+            return RawArray(item, count, _read(f, end - start))
         return [_value(f, item) for _ in range(count)]
     raise GGUFFormatError(f"unknown metadata value type {kind}")
 
@@ -122,11 +164,7 @@ def _parse(path: Path, f: BinaryIO, size: int) -> GGUFFile:
     start = -(-f.tell() // alignment) * alignment
     tensors = []
     for name, shape, kind, offset in infos:
-        try:
-            qtype = Q(kind)
-        except ValueError:
-            raise GGUFFormatError(f"tensor {name} has unknown type {kind}") from None
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        block, type_size = _block_size(name, kind)
         elements = 1
         for dim in shape:
             elements *= dim
@@ -135,5 +173,16 @@ def _parse(path: Path, f: BinaryIO, size: int) -> GGUFFile:
         n_bytes = elements // block * type_size
         if start + offset + n_bytes > size:
             raise GGUFFormatError(f"tensor {name} lies past the end of the file")
-        tensors.append(TensorInfo(name, shape, qtype, start + offset, n_bytes))
+        tensors.append(TensorInfo(name, shape, kind, start + offset, n_bytes))
     return GGUFFile(path, version, fields, tensors)
+
+
+def _block_size(name: str, kind: int) -> tuple[int, int]:
+    if kind in TYPES:
+        return TYPES[kind][1:]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        return GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise GGUFFormatError(f"tensor {name} has unknown type {kind}") from None

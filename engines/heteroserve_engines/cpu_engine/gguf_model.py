@@ -1,26 +1,27 @@
 """GGUF llama-family models (Llama, Qwen2, SmolLM2) loaded into the compiled runner.
 
-Weights in q4_0, q4_1, q8_0, f16 or f32 load as they are; `quantization` requantizes every 2-D
-weight to q8_0 or q4_0 (the seeds' SYSHAX_QUANTIZE) through the gguf package's reference
-quantizers. Other GGUF types are dequantized first.
+Weights in q4_0, q4_1, q8_0, f16 or f32 load as they are, each tensor mapped from the file and
+copied (or repacked) by the pool threads that will compute with it; `quantization` requantizes
+every 2-D weight to q8_0 or q4_0 (the seeds' SYSHAX_QUANTIZE) through the gguf package's
+reference quantizers. Other GGUF types are dequantized first (gguf and numpy are imported only
+then: serving a q4_0/q4_1/q8_0 file needs neither).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import heteroserve_cpu
-import numpy as np
-from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 from .gguf_file import GGUFFile, GGUFFormatError
 
 ARCHITECTURES = {"llama": 0, "qwen2": 1}  # value: RoPE NeoX layout
-NATIVE = {Q.F32: 0, Q.F16: 1, Q.Q4_0: 2, Q.Q4_1: 3, Q.Q8_0: 8}
-TARGETS = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0}
+F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8  # ggml type ids; the engine's hs types are the same
+NATIVE = {F32, F16, Q4_0, Q4_1, Q8_0}
+TARGETS = {"q8_0": Q8_0, "q4_0": Q4_0}
 LAYER_TENSORS = {"attn_q": 10, "attn_k": 11, "attn_v": 12, "attn_output": 13, "ffn_gate": 14,
                  "ffn_up": 15, "ffn_down": 16, "attn_norm": 17, "ffn_norm": 18}
 LAYER_BIASES = {"attn_q": 19, "attn_k": 20, "attn_v": 21}
@@ -76,7 +77,7 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     n_embd = int(_field(reader, f"{arch}.embedding_length"))
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
     vocab = reader.get(f"{arch}.vocab_size")
-    n_vocab = int(vocab) if vocab is not None else len(reader.get("tokenizer.ggml.tokens", []))
+    n_vocab = int(vocab) if vocab is not None else reader.length("tokenizer.ggml.tokens") or 0
     return ModelConfig(
         architecture=arch,
         n_layer=int(_field(reader, f"{arch}.block_count")),
@@ -93,29 +94,42 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     )
 
 
-def _tensor_bytes(tensor, quantization: str | None, fd: int) -> tuple[int, np.ndarray]:
-    """(hs type, contiguous bytes) of a tensor, requantized when asked.
+def _set_tensor(model, which: int, layer: int, tensor, quantization: str | None,
+                fd: int) -> None:
+    """Hands one tensor to the model, requantized when asked.
 
-    Tensors are read with pread into a transient buffer rather than through a memory map:
-    mapped file pages that were touched count in the process's RSS for as long as the map
-    lives, doubling the weights' footprint at its peak."""
+    Native tensors are mapped read-only and unmapped once the model has its copy: a mapping
+    keeps no memory after it, whereas bytes read into the Python heap would leave the heap as
+    large as the largest tensor."""
     kind = tensor.tensor_type
-    two_d = len(tensor.shape) == 2
-    target = TARGETS.get(quantization or "")
-    raw = os.pread(fd, int(tensor.n_bytes), int(tensor.data_offset))
-    if len(raw) != int(tensor.n_bytes):
-        raise ModelFileError(f"tensor {tensor.name} is truncated")
-    data = np.frombuffer(raw, dtype=np.uint8)
-    if kind in NATIVE and (not two_d or target is None or kind == target):
-        return NATIVE[kind], data
     cols = int(tensor.shape[0])
-    rows = int(tensor.shape[1]) if two_d else 1
-    dense = quants.dequantize(data.reshape(rows, -1), kind).astype(np.float32).reshape(rows, cols)
+    rows = int(tensor.shape[1]) if len(tensor.shape) == 2 else 1
+    target = TARGETS.get(quantization or "")
+    start = tensor.data_offset - tensor.data_offset % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(fd, tensor.data_offset + tensor.n_bytes - start, access=mmap.ACCESS_READ,
+                   offset=start) as mapped, memoryview(mapped) as view, \
+            view[tensor.data_offset - start:] as data:
+        if kind in NATIVE and (len(tensor.shape) != 2 or target is None or kind == target):
+            model.set(which, layer, kind, rows, cols, data)
+            return
+        kind, blob = _converted(data, kind, rows, cols, target, len(tensor.shape) == 2)
+    model.set(which, layer, kind, rows, cols, blob)
+
+
+def _converted(data: memoryview, kind: int, rows: int, cols: int, target: int | None,
+               two_d: bool):
+    """(type, bytes) of a tensor in a type the engine computes with: dequantized through the
+    gguf package, then quantized to `target` (q8_0 when no target was asked)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+
+    raw = np.frombuffer(data, dtype=np.uint8).reshape(rows, -1)
+    dense = quants.dequantize(raw, GGMLQuantizationType(kind)).astype(np.float32)
     if not two_d:
-        return NATIVE[Q.F32], dense.reshape(-1).view(np.uint8)
-    kind = target or Q.Q8_0
-    blob = np.ascontiguousarray(quants.quantize(dense, kind))
-    return NATIVE[kind], blob.view(np.uint8).reshape(-1)
+        return F32, dense.reshape(-1).view(np.uint8)
+    target = target or Q8_0
+    blob = quants.quantize(dense.reshape(rows, cols), GGMLQuantizationType(target))
+    return target, np.ascontiguousarray(blob).view(np.uint8).reshape(-1)
 
 
 def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,
@@ -144,8 +158,6 @@ def _load_tensors(model, reader: GGUFFile, quantization: str | None, fd: int, se
                   path) -> None:
     for tensor in reader.tensors:
         name = tensor.name
-        cols = int(tensor.shape[0])
-        rows = int(tensor.shape[1]) if len(tensor.shape) > 1 else 1
         parts = name.split(".")
         if name == "token_embd.weight":
             which, layer = 0, -1
@@ -159,10 +171,9 @@ def _load_tensors(model, reader: GGUFFile, quantization: str | None, fd: int, se
             which, layer = LAYER_BIASES[parts[2]], int(parts[1])
         else:
             continue  # e.g. rope_freqs: not used by these architectures' defaults
-        kind, data = _tensor_bytes(tensor, quantization if which not in (0, 2) and which < 17
-                                   else None, fd)
         try:
-            model.set(which, layer, kind, rows, cols, data)
+            _set_tensor(model, which, layer, tensor,
+                        quantization if which not in (0, 2) and which < 17 else None, fd)
         except ValueError as error:
             raise ModelFileError(f"{path}: tensor {name}: {error}") from error
         seen.add(name)

@@ -2,20 +2,22 @@
 
 One thread runs `step()` in a loop. Each step batches one token for every running sequence that
 is decoding plus prefill chunks of sequences being admitted, up to `max_batch_tokens`, and runs a
-single forward pass over them. KV blocks (`block_size` tokens each) are allocated as sequences
-grow; when the cache is full the newest running sequence is preempted and recomputed later.
+single forward pass over them; the compiled model samples each finished sequence's next token
+itself (`Model.sample`), so logits never reach Python. KV blocks (`block_size` tokens each) are
+allocated as sequences grow; when the cache is full the newest running sequence is preempted and
+recomputed later.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .tokenizer import GGUFTokenizer
 
@@ -48,6 +50,8 @@ class Delta:
 
 
 _ids = itertools.count()
+_entropy = random.SystemRandom()
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -65,7 +69,7 @@ class Sequence:
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     last_token_at: float | None = None
-    rng: np.random.Generator | None = None
+    rng_state: int = 0      # the sampler's generator state (64 bits), advanced per token
 
     @property
     def tokens(self) -> list[int]:
@@ -130,7 +134,8 @@ class EngineCore:
                 f"the prompt has {len(prompt_ids)} tokens; this model's maximum context length is "
                 f"{self.max_model_len} tokens")
         seq = Sequence(list(prompt_ids), params, emit)
-        seq.rng = np.random.default_rng(params.seed)
+        seed = params.seed if params.seed is not None else _entropy.getrandbits(64)
+        seq.rng_state = seed & _MASK64
         with self._lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting")
@@ -238,10 +243,12 @@ class EngineCore:
         if not batch:
             time.sleep(0.001)
             return 0
-        tokens, positions, seq_index, logit_rows, sampled = [], [], [], [], []
-        tables = np.full((len(batch), self.max_blocks), 0, dtype=np.int32)
+        tokens, positions, seq_index, logit_rows, sampled = (array("i"), array("i"), array("i"),
+                                                             array("i"), [])
+        tables = array("i", bytes(4 * len(batch) * self.max_blocks))
         for slot, (seq, count) in enumerate(batch):
-            tables[slot, :len(seq.blocks)] = seq.blocks
+            tables[slot * self.max_blocks:slot * self.max_blocks + len(seq.blocks)] = array(
+                "i", seq.blocks)
             start = seq.num_computed
             tokens.extend(seq.tokens[start:start + count])
             positions.extend(range(start, start + count))
@@ -249,39 +256,23 @@ class EngineCore:
             if start + count == len(seq.tokens):
                 logit_rows.append(len(tokens) - 1)
                 sampled.append(seq)
-        logits = self.model.forward(
-            np.asarray(tokens, np.int32), np.asarray(positions, np.int32),
-            np.asarray(seq_index, np.int32), tables, np.asarray(logit_rows, np.int32))
+        params = [seq.params for seq in sampled]
+        ids, states = self.model.sample(
+            tokens, positions, seq_index,
+            memoryview(tables).cast("B").cast("i", (len(batch), self.max_blocks)), logit_rows,
+            [p.temperature for p in params], [p.top_k for p in params],
+            [p.top_p for p in params], [seq.rng_state for seq in sampled])
         for seq, count in batch:
             if seq.num_computed < len(seq.prompt_ids):
                 self.stats.prompt_tokens += min(count, len(seq.prompt_ids) - seq.num_computed)
             seq.num_computed += count
         now = time.monotonic()
-        for row, seq in enumerate(sampled):
-            token = self._sample(logits[row], seq)
+        for seq, token, state in zip(sampled, ids, states, strict=True):
+            seq.rng_state = state
             self._append(seq, token, now)
         return len(tokens)
 
-    # -- sampling and output -------------------------------------------------------------------
-    def _sample(self, logits: np.ndarray, seq: Sequence) -> int:
-        params = seq.params
-        if params.temperature <= 0:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / params.temperature
-        if params.top_k and params.top_k < scaled.size:
-            cutoff = np.partition(scaled, -params.top_k)[-params.top_k]
-            scaled[scaled < cutoff] = -np.inf
-        probs = np.exp(scaled - scaled.max())
-        probs /= probs.sum()
-        if params.top_p < 1.0:
-            order = np.argsort(-probs)
-            cumulative = np.cumsum(probs[order])
-            keep = order[: int(np.searchsorted(cumulative, params.top_p) + 1)]
-            mask = np.zeros_like(probs)
-            mask[keep] = probs[keep]
-            probs = mask / mask.sum()
-        return int(seq.rng.choice(probs.size, p=probs))
-
+    # -- output --------------------------------------------------------------------------------
     def _append(self, seq: Sequence, token: int, now: float) -> None:
         if seq.first_token_at is None:
             seq.first_token_at = now
