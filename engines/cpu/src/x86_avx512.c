@@ -145,9 +145,10 @@ static void unpack_row(int type, const void *src, void *dst, int cols) {
 }
 
 /* The four scales of a group (fewer in a partial one), each spread over its four int32 lanes. */
-static inline __m512 group_scales(const hs_fp16 *d, __mmask8 m) {
+static inline __m512 group_scales(const hs_fp16 *d, __mmask8 m, int whole) {
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16(m, d));
+    const __m128 d4 = _mm_cvtph_ps(whole ? _mm_loadl_epi64((const __m128i *)d)
+                                         : _mm_maskz_loadu_epi16(m, d));
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d4));
 }
 
@@ -168,48 +169,62 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         }
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const int ng = (nb + GROUP - 1) / GROUP;
-    for (int g = 0; g < ng; g++) {
-        const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
-        const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
-        const __mmask8 dm = (__mmask8)((1u << t) - 1);
-        __m512i wl[4], wh[4];
-        __m512 dw[4];
-        __m128 mw[4];
-        for (int r = 0; r < R; r++) {
-            const uint8_t *row = w + (size_t)r * wstride;
-            const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
-            if (kind == Q8_0) {
-                const uint8_t *q = row + (size_t)g * GROUP * 32;
-                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
-                _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
-                wl[r] = _mm512_maskz_loadu_epi8(qm, q);
-                wh[r] = _mm512_maskz_loadu_epi8(qm, q + t * 16);
-            } else {
-                /* the stream runs ahead of the hardware prefetcher's reach between tiles */
-                _mm_prefetch((const char *)row + (size_t)g * GROUP * 16 + PREFETCH, PF_HINT);
-                const __m512i raw = _mm512_maskz_loadu_epi8(qm, row + (size_t)g * GROUP * 16);
-                wl[r] = _mm512_and_si512(raw, low4);
-                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            }
-            dw[r] = group_scales(d + g * GROUP, dm);
-            if (kind == Q4_1) mw[r] = _mm_cvtph_ps(_mm_maskz_loadu_epi16(dm, d + nb + g * GROUP));
-        }
-        for (int c = 0; c < C; c++) {
-            const act_group *row = (const act_group *)((const char *)a + (size_t)c * astride);
-            const act_group *y = row + g;
-            const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);
-            const __m512 yd = _mm512_load_ps(y->d);
-            for (int r = 0; r < R; r++) {
-                __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)
-                          : kind == Q8_0 ? _mm512_load_si512(act_off8(row, ng, g)) : _mm512_setzero_si512();
-                s = _mm512_dpbusd_epi32(s, wl[r], ylo);
-                s = _mm512_dpbusd_epi32(s, wh[r], yhi);
-                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r], acc[r][c]);
-                if (kind == Q4_1) mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(row, ng, g)), mins[r][c]);
-            }
-        }
-    }
+    const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
+    /* One group of t blocks: whole groups (t == GROUP, a constant) load without masks; only a
+     * partial last group pays for them. */
+#define GROUP_STEP(g, t)                                                                          \
+    do {                                                                                          \
+        const __mmask64 qm = (t) == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * (t))) - 1);  \
+        const __mmask8 dm = (__mmask8)((1u << (t)) - 1);                                          \
+        __m512i wl[4], wh[4];                                                                     \
+        __m512 dw[4];                                                                             \
+        __m128 mw[4];                                                                             \
+        for (int r = 0; r < R; r++) {                                                             \
+            const uint8_t *row = w + (size_t)r * wstride;                                         \
+            const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);                      \
+            if (kind == Q8_0) {                                                                   \
+                const uint8_t *q = row + (size_t)(g) * GROUP * 32;                                \
+                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);                                \
+                _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);                           \
+                wl[r] = (t) == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);    \
+                wh[r] = (t) == GROUP ? _mm512_loadu_si512(q + 64)                                 \
+                                     : _mm512_maskz_loadu_epi8(qm, q + (t) * 16);                 \
+            } else {                                                                              \
+                /* the stream runs ahead of the hardware prefetcher's reach between tiles */      \
+                const uint8_t *q = row + (size_t)(g) * GROUP * 16;                                \
+                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);                                \
+                const __m512i raw = (t) == GROUP ? _mm512_loadu_si512(q)                          \
+                                                 : _mm512_maskz_loadu_epi8(qm, q);                \
+                wl[r] = _mm512_and_si512(raw, low4);                                              \
+                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);                        \
+            }                                                                                     \
+            dw[r] = group_scales(d + (g) * GROUP, dm, (t) == GROUP);                              \
+            if (kind == Q4_1)                                                                     \
+                mw[r] = _mm_cvtph_ps((t) == GROUP ? _mm_loadl_epi64((const __m128i *)(d + nb + (g) * GROUP)) \
+                                                  : _mm_maskz_loadu_epi16(dm, d + nb + (g) * GROUP)); \
+        }                                                                                         \
+        for (int c = 0; c < C; c++) {                                                             \
+            const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);   \
+            const act_group *y = arow + (g);                                                      \
+            const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);         \
+            const __m512 yd = _mm512_load_ps(y->d);                                               \
+            for (int r = 0; r < R; r++) {                                                         \
+                __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)                             \
+                          : kind == Q8_0 ? _mm512_load_si512(act_off8(arow, ng, (g)))             \
+                                         : _mm512_setzero_si512();                                \
+                s = _mm512_dpbusd_epi32(s, wl[r], ylo);                                           \
+                s = _mm512_dpbusd_epi32(s, wh[r], yhi);                                           \
+                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r],      \
+                                            acc[r][c]);                                           \
+                if (kind == Q4_1)                                                                 \
+                    mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(arow, ng, (g))),        \
+                                              mins[r][c]);                                        \
+            }                                                                                     \
+        }                                                                                         \
+    } while (0)
+    for (int g = 0; g < full; g++) GROUP_STEP(g, GROUP);
+    if (full < ng) GROUP_STEP(full, nb - full * GROUP);
+#undef GROUP_STEP
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             float v = _mm512_reduce_add_ps(acc[r][c]);
