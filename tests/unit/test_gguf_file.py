@@ -71,7 +71,7 @@ def test_long_arrays_stay_raw_until_read_and_other_types_use_gguf_sizes(tmp_path
     writer.write_tensors_to_file()
     writer.close()
     ours = GGUFFile.open(path)
-    assert isinstance(ours.fields["tokenizer.ggml.tokens"], RawArray)
+    assert isinstance(ours.fields["tokenizer.ggml.tokens"], RawArray)  # located, not read
     assert isinstance(ours.fields["tokenizer.ggml.token_type"], RawArray)
     assert ours.get("tokenizer.ggml.tokens") == words
     assert ours.get("tokenizer.ggml.token_type") == [1, 3] * 600

@@ -605,13 +605,27 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
         return forward_step(m, n, tokens, pos, seq, block_tables, max_blocks, logit_index,
                             n_logits, logits);
     int32_t *local = malloc(sizeof(int32_t) * (size_t)(n_logits ? n_logits : 1));
-    float *rows = malloc(sizeof(float) * (size_t)(n_logits ? n_logits : 1) * (size_t)c->n_vocab);
-    int rc = local && rows ? 0 : -1;
+    float *rows = NULL; /* a sub-step's logits, when they cannot go straight to their rows */
+    int rc = local ? 0 : -1;
     for (int i0 = 0; i0 < n && rc == 0; i0 += UBATCH) {
         const int cnt = n - i0 < UBATCH ? n - i0 : UBATCH;
-        int k = 0;
+        int k = 0, first = -1, direct = 1;
         for (int j = 0; j < n_logits; j++)
-            if (logit_index[j] >= i0 && logit_index[j] < i0 + cnt) local[k++] = logit_index[j] - i0;
+            if (logit_index[j] >= i0 && logit_index[j] < i0 + cnt) {
+                if (first < 0) first = j;
+                direct &= j == first + k; /* consecutive rows of `logits`, in order */
+                local[k++] = logit_index[j] - i0;
+            }
+        if (direct) { /* the usual case: logits asked for in token order */
+            rc = forward_step(m, cnt, tokens + i0, pos + i0, seq + i0, block_tables, max_blocks,
+                              local, k, k ? logits + (size_t)first * c->n_vocab : NULL);
+            continue;
+        }
+        if (!rows) rows = malloc(sizeof(float) * (size_t)n_logits * (size_t)c->n_vocab);
+        if (!rows) {
+            rc = -1;
+            break;
+        }
         rc = forward_step(m, cnt, tokens + i0, pos + i0, seq + i0, block_tables, max_blocks, local,
                           k, rows);
         k = 0; /* rows come back in the order of `local`, i.e. of logit_index within the range */

@@ -4,16 +4,17 @@ The engine reads the header only: key/value metadata (decoded to str, int, float
 and where each tensor lies; the loader then maps each tensor's bytes. `gguf.GGUFReader` does the
 same job but keeps a numpy view per metadata string - about 160 MiB for SmolLM2's 49,152-token
 vocabulary and its merges, resident for as long as the reader lives - so the engine parses the
-(small, versioned) header itself. Long arrays (the vocabulary, merges, token types) stay as their
-raw bytes (under 2 MiB for SmolLM2, against 14 MiB as Python lists) and are decoded when read:
-a process that only loads weights never builds them. The block sizes of the types the engine
-computes with are listed here; for the others the `gguf` package (and with it numpy) is imported
-when such a file is opened. Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+(small, versioned) header itself. Long arrays (the vocabulary, merges, token types: 14 MiB as
+Python lists for SmolLM2) are only located while parsing, then read from the file and decoded
+when asked for: a process that only loads weights never holds them. The block sizes of the types
+the engine computes with are listed here; for the others the `gguf` package (and with it numpy)
+is imported when such a file is opened. Format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 (v2, v3).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,15 +49,20 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class RawArray:
-    """A long metadata array as it lies in the file; `decode()` gives the list."""
+    """A long metadata array: where it lies in the file; `decode()` reads it into a list."""
+    path: Path
     item: int
     count: int
-    data: bytes
+    offset: int
+    size: int
 
     def decode(self) -> list[Any]:
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = _read(f, self.size)
         if self.item in SCALARS:
-            return list(struct.unpack_from(f"<{self.count}{SCALARS[self.item][1]}", self.data))
-        out, at, data = [], 0, self.data
+            return list(struct.unpack_from(f"<{self.count}{SCALARS[self.item][1]}", data))
+        out, at = [], 0
         for _ in range(self.count):  # strings: u64 length, then the bytes
             (n,) = struct.unpack_from("<Q", data, at)
             out.append(data[at + 8:at + 8 + n].decode("utf-8", errors="replace"))
@@ -97,6 +103,10 @@ def _read(f: BinaryIO, n: int) -> bytes:
     return data
 
 
+def end_of_file(f: BinaryIO) -> int:
+    return os.fstat(f.fileno()).st_size
+
+
 def _scalar(f: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, _read(f, struct.calcsize(fmt)))[0]
 
@@ -117,21 +127,25 @@ def _value(f: BinaryIO, kind: int) -> Any:
         item, count = _scalar(f, "<I"), _scalar(f, "<Q")
         if count > MAX_ITEMS:
             raise GGUFFormatError(f"a metadata array claims {count} items")
+        start = f.tell()
         if item in SCALARS:  # one read for the whole array
             fmt = SCALARS[item]
-            raw = _read(f, struct.calcsize(fmt) * count)
-            array = RawArray(item, count, raw)
-            return array if count > LAZY_ITEMS else array.decode()
+            size = struct.calcsize(fmt) * count
+            if count > LAZY_ITEMS:
+                if start + size > end_of_file(f):
+                    raise GGUFFormatError("file ends inside its header")
+                f.seek(size, 1)
+                return RawArray(Path(f.name), item, count, start, size)
+            return list(struct.unpack(f"<{count}{fmt[1]}", _read(f, size)))
         if item == STRING and count > LAZY_ITEMS:
-            start = f.tell()
-            for _ in range(count):  # skip to the end, then keep the bytes in between
+            for _ in range(count):  # only walk the lengths
                 n = _scalar(f, "<Q")
                 if n > MAX_STRING:
                     raise GGUFFormatError(f"a metadata string claims {n} bytes")
                 f.seek(n, 1)
-            end = f.tell()
-            f.seek(start)
-            return RawArray(item, count, _read(f, end - start))
+            if f.tell() > end_of_file(f):
+                raise GGUFFormatError("file ends inside its header")
+            return RawArray(Path(f.name), item, count, start, f.tell() - start)
         return [_value(f, item) for _ in range(count)]
     raise GGUFFormatError(f"unknown metadata value type {kind}")
 
