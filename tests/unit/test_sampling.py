@@ -111,3 +111,9 @@ def test_bad_arguments_are_rejected(pool):
         hc.sample(pool, logits, [1.0, 1.0], [0, 0], [0.0, 1.0], [1, 2])
     with pytest.raises(RuntimeError, match="no number"):
         hc.sample(pool, np.full((1, 10), np.nan, np.float32), [1.0], [0], [1.0], [1])
+
+
+def test_vanishing_temperatures_are_greedy(pool):
+    logits = RNG.standard_normal((3, 500)).astype(np.float32)
+    ids, states = hc.sample(pool, logits, [1e-40, 1e-7, 0.0], [0] * 3, [0.5] * 3, [4] * 3)
+    assert ids == logits.argmax(axis=1).tolist() and states == [4] * 3

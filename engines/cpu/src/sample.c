@@ -50,7 +50,7 @@ static int by_probability(const void *a, const void *b) {
 
 int hs_sample(const float *logits, int n, hs_sampling *s, float *prob, hs_candidate *cand) {
     const int top = argmax(logits, n);
-    if (top < 0 || s->temperature <= 0.0f) return top;
+    if (top < 0 || !(s->temperature > HS_MIN_TEMPERATURE)) return top;
     if (!prob || !cand) return -1;
     const float max = logits[top], inv_t = 1.0f / s->temperature;
     float cutoff = -INFINITY;
@@ -67,12 +67,12 @@ int hs_sample(const float *logits, int n, hs_sampling *s, float *prob, hs_candid
         sum += prob[i];
     }
     if (s->top_p < 1.0f) {
-        /* Tokens below `floor` together hold less than (1 - top_p) of the mass, so the most
+        /* Tokens below `least` together hold less than (1 - top_p) of the mass, so the most
          * probable tokens reach top_p before any of them: only the rest need sorting. */
-        const double floor = (1.0 - (double)s->top_p) * sum / (2.0 * n);
+        const double least = (1.0 - (double)s->top_p) * sum / (2.0 * n);
         int m = 0;
         for (int i = 0; i < n; i++)
-            if (prob[i] > 0.0f && prob[i] >= floor) cand[m++] = (hs_candidate){prob[i], i};
+            if (prob[i] > 0.0f && prob[i] >= least) cand[m++] = (hs_candidate){prob[i], i};
         qsort(cand, (size_t)m, sizeof *cand, by_probability);
         const double target = (double)s->top_p * sum;
         double kept = 0.0;
@@ -114,7 +114,7 @@ static void sample_task(void *p, int ith, int nth) {
     float *prob = NULL;
     hs_candidate *cand = NULL;
     for (int r = r0; r < r1; r++) {
-        if (t->params[r].temperature > 0.0f && !prob) {
+        if (t->params[r].temperature > HS_MIN_TEMPERATURE && !prob) {
             prob = malloc(sizeof *prob * (size_t)t->n);
             cand = malloc(sizeof *cand * (size_t)t->n);
         }

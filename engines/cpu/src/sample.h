@@ -8,8 +8,11 @@
 
 #include "threadpool.h"
 
+/* Temperatures at or below this are greedy: 1 / T would overflow the logits' scale. */
+#define HS_MIN_TEMPERATURE 1e-6f
+
 typedef struct {
-    float temperature; /* <= 0: greedy (the first of the largest logits) */
+    float temperature; /* <= HS_MIN_TEMPERATURE: greedy (the first of the largest logits) */
     int top_k;         /* keep the k largest logits (ties at the k-th kept); <= 0: all */
     float top_p;       /* then the most probable tokens whose mass first reaches top_p; >= 1: all */
     uint64_t state;    /* generator state (splitmix64), advanced once per sampled token */
