@@ -18,7 +18,9 @@
 
 #define GROUP 4
 #define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
-#define PREFETCH 8192        /* bytes ahead in a weight row */
+#define PREFETCH 8192        /* bytes ahead of what a weight row's product reads: its quants and,
+                              * a line every eight groups, its scales (without those, a ninth of
+                              * a q4_0 row's lines came in on demand) */
 
 /* An activation row: ng groups (what every product reads), then each group's q8_0 offsets
  * (int32[16]) and q4_1 block sums (float[4]), kept apart so that they cost the q4_0 products no
@@ -197,6 +199,11 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                                                  : _mm512_maskz_loadu_epi8(qm, q);                \
                 wl[r] = _mm512_and_si512(raw, low4);                                              \
                 wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);                        \
+            }                                                                                     \
+            if ((g) % 8 == 0) { /* the scales' (and minimums') next line, as far ahead */       \
+                _mm_prefetch((const char *)(d + (g) * GROUP) + PREFETCH, PF_HINT);                \
+                if (kind == Q4_1)                                                                 \
+                    _mm_prefetch((const char *)(d + nb + (g) * GROUP) + PREFETCH, PF_HINT);       \
             }                                                                                     \
             dw[r] = group_scales(d + (g) * GROUP, dm, (t) == GROUP);                              \
             if (kind == Q4_1)                                                                     \
