@@ -191,40 +191,6 @@ def test_greedy_sampling_in_the_model_is_the_argmax_of_its_logits(invariant):
     assert ids == logits.argmax(axis=1).tolist() and states != [3] * rows
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_thread_arenas_give_the_same_logits_as_one_allocation_per_matrix(loaded, threads):
-    """Per-thread arenas (the default) only move each thread's rows: a prompt's logits are
-    identical to those of the model loaded with one allocation per matrix, at a thread count
-    whose row split leaves uneven shares; the embedding lookup finds rows in every arena."""
-    tok = loaded[3]
-    ids = [t for p in PROMPTS[:3] for t in tok.encode(p)][:40]
-    outputs = []
-    for arenas in (True, False):
-        model, _, _ = load_model(default_model(), hc.Pool([], threads), arenas=arenas)
-        model.alloc_kv(256, 16)
-        outputs.append(forward_all(model, ids))
-    np.testing.assert_array_equal(outputs[0], outputs[1])
-
-
-def test_reserve_is_checked_and_a_changed_matrix_gets_its_own_memory():
-    pool = hc.Pool([], 2)
-    model = hc.Model(pool, 1, 64, 2, 2, 32, 64, 128, 0, 1e-5, 10000.0)
-    model.reserve([(10, 0, 8, 64, 64), (0, -1, 8, 128, 64)])
-    with pytest.raises(ValueError, match="reserve"):
-        model.reserve([(11, 0, 8, 64, 64)])  # once only
-    with pytest.raises(ValueError, match="reserve"):
-        hc.Model(pool, 1, 64, 2, 2, 32, 64, 128, 0, 1e-5, 10000.0).reserve([(42, 0, 8, 64, 64)])
-    with pytest.raises(ValueError, match="reserve"):
-        hc.Model(pool, 1, 64, 2, 2, 32, 64, 128, 0, 1e-5, 10000.0).reserve(
-            [(10, 0, 8, 64, 64), (10, 0, 8, 64, 64)])
-    weights = np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)
-    q8 = np.frombuffer(hc.quantize(8, weights.reshape(-1)), np.uint8)
-    q4 = np.frombuffer(hc.quantize(2, weights.reshape(-1)), np.uint8)
-    model.set(10, 0, 8, 64, 64, q8)  # as reserved: into the arenas
-    model.set(10, 0, 2, 64, 64, q4)  # another type: its own allocation
-    assert model.weight_bytes == 64 * 2 * 18 + 128 * 2 * 34  # wq as q4_0; the reserved table
-
-
 def test_out_of_range_arguments_are_refused(loaded):
     model, config, _reader, _tok = loaded
     table = np.zeros((1, 16), np.int32)

@@ -4,7 +4,6 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
-#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
@@ -100,21 +99,6 @@ struct Model {
         if (hs_model_set(m, which, layer, type, rows, cols, data.data()) != 0)
             throw std::invalid_argument("tensor " + std::to_string(which) + " of layer " +
                                         std::to_string(layer) + ": unexpected shape or type");
-    }
-    // (which, layer, type, rows, cols) of every matrix to come: one arena per pool thread.
-    void reserve(const std::vector<std::tuple<int, int, int, int, int>> &mats) {
-        std::vector<int> which, layer, type, rows, cols;
-        for (const auto &[w, l, t, r, c] : mats) {
-            which.push_back(w);
-            layer.push_back(l);
-            type.push_back(t);
-            rows.push_back(r);
-            cols.push_back(c);
-        }
-        if (hs_model_reserve(m, (int)mats.size(), which.data(), layer.data(), type.data(),
-                             rows.data(), cols.data()) != 0)
-            throw std::invalid_argument("reserve: called twice or after weights, or a matrix "
-                                        "listed twice or with an unknown index, type or shape");
     }
     void alloc_kv(int n_blocks, int block_size) {
         if (n_blocks < 1 || block_size < 1 || hs_model_alloc_kv(m, n_blocks, block_size) != 0)
@@ -240,7 +224,6 @@ NB_MODULE(_kernels, mod) {
              nb::arg("rope_neox"), nb::arg("eps"), nb::arg("rope_base"), nb::arg("kernels") = "",
              nb::arg("nrc") = 2, nb::keep_alive<1, 2>())
         .def("set", &Model::set)
-        .def("reserve", &Model::reserve, nb::arg("matrices"))
         .def("alloc_kv", &Model::alloc_kv)
         .def("forward", &Model::forward)
         .def("sample", &Model::sample, nb::arg("tokens"), nb::arg("pos"), nb::arg("seq"),

@@ -1,7 +1,6 @@
 #include "model.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -24,7 +23,6 @@ struct hs_model {
     float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
     float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
     void *qa;              /* quantized activations: the kernel table's layout */
-    char **arenas;         /* [pool threads]: their reserved weight rows (hs_model_reserve) */
 };
 
 static void *aligned(size_t bytes) {
@@ -63,30 +61,7 @@ hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kerne
     return m;
 }
 
-static void free_mat(hs_mat *w) {
-    free(w->data);
-    free(w->part); /* the pointers only: the arenas are the model's */
-    w->data = NULL;
-    w->part = NULL;
-}
-
-static int mat_loaded(const hs_mat *w) { return w->data || w->part; }
-
-/* Where the rows of thread ith (from row r0 of its hs_split range) begin. */
-static inline const char *mat_part(const hs_mat *w, int ith, int r0) {
-    return w->part ? w->part[ith] : (const char *)w->data + (size_t)r0 * w->row_bytes;
-}
-
-/* Row r, whichever thread's arena holds it (the embedding lookup). */
-static const char *mat_row(const hs_mat *w, int nrc, int nth, int r) {
-    if (!w->part) return (const char *)w->data + (size_t)r * w->row_bytes;
-    for (int t = 0; t < nth; t++) {
-        int r0, r1;
-        hs_split(w->rows, nrc, t, nth, &r0, &r1);
-        if (r >= r0 && r < r1) return w->part[t] + (size_t)(r - r0) * w->row_bytes;
-    }
-    return NULL; /* not reached: the threads' ranges cover every row */
-}
+static void free_mat(hs_mat *w) { free(w->data); w->data = NULL; }
 
 void hs_model_destroy(hs_model *m) {
     if (!m) return;
@@ -97,11 +72,8 @@ void hs_model_destroy(hs_model *m) {
         free(L->attn_norm); free(L->ffn_norm); free(L->bq); free(L->bk); free(L->bv);
     }
     free(m->layers);
-    free_mat(&m->output);
+    if (m->output.data != m->tok_embd.data) free_mat(&m->output);
     free_mat(&m->tok_embd);
-    if (m->arenas)
-        for (int t = 0; t < hs_pool_size(m->pool); t++) free(m->arenas[t]);
-    free(m->arenas);
     free(m->output_norm);
     free(m->k_cache); free(m->v_cache);
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
@@ -127,100 +99,25 @@ static void touch_task(void *p, int ith, int nth) {
     int r0, r1;
     hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
     if (r1 <= r0) return;
-    char *dst = (char *)mat_part(w, ith, r0);
     if (packs(t->k, w->type)) {
         for (int r = r0; r < r1; r++)
             t->k->pack_row(w->type, t->src + (size_t)r * w->row_bytes,
-                           dst + (size_t)(r - r0) * w->row_bytes, w->cols);
+                           (char *)w->data + (size_t)r * w->row_bytes, w->cols);
     } else {
-        memcpy(dst, t->src + (size_t)r0 * w->row_bytes, (size_t)(r1 - r0) * w->row_bytes);
+        memcpy((char *)w->data + (size_t)r0 * w->row_bytes, t->src + (size_t)r0 * w->row_bytes,
+               (size_t)(r1 - r0) * w->row_bytes);
     }
 }
 
 static int set_mat(hs_model *m, hs_mat *w, int type, int rows, int cols, const void *data) {
     const size_t rb = hs_row_bytes(type, cols);
     if (!rb || (type != HS_F32 && type != HS_F16 && cols % HS_QK)) return -1;
-    if (!(w->part && w->type == type && w->rows == rows && w->cols == cols)) { /* not reserved */
-        free_mat(w);
-        *w = (hs_mat){type, rows, cols, rb, hs_alloc_large(rb * (size_t)rows), NULL};
-        if (!w->data) return -1;
-    }
+    free_mat(w);
+    *w = (hs_mat){type, rows, cols, rb, hs_alloc_large(rb * (size_t)rows)};
+    if (!w->data) return -1;
     touch_ctx t = {m->k, m->nrc, w, data};
     hs_pool_run(m->pool, touch_task, &t);
     return 0;
-}
-
-/* The matrix `which` of `layer` (hs_model_set's numbering) and its rank in a step's reading order;
- * NULL for a vector or an unknown index. */
-static hs_mat *mat_of(hs_model *m, int which, int layer, long *rank) {
-    if (which == 0 || which == 1) { /* after the layers: the output head, then the embedding */
-        *rank = (long)m->c.n_layer * 7 + (which == 1 ? 0 : 1);
-        return which == 0 ? &m->tok_embd : &m->output;
-    }
-    if (which < 10 || which > 16 || layer < 0 || layer >= m->c.n_layer) return NULL;
-    hs_layer *L = &m->layers[layer];
-    hs_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    *rank = (long)layer * 7 + (which - 10);
-    return mats[which - 10];
-}
-
-int hs_model_reserve(hs_model *m, int count, const int *which, const int *layer, const int *type,
-                     const int *rows, const int *cols) {
-    const int nth = hs_pool_size(m->pool);
-    if (m->arenas || count < 1) return -1; /* once, before any weights */
-    long *rank = malloc(sizeof(long) * (size_t)count);
-    int *sorted = malloc(sizeof(int) * (size_t)count);
-    size_t *used = calloc((size_t)nth, sizeof(size_t));
-    int rc = rank && sorted && used ? 0 : -1;
-    for (int i = 0; i < count && rc == 0; i++) {
-        const hs_mat *w = mat_of(m, which[i], layer[i], &rank[i]);
-        if (!w || !hs_row_bytes(type[i], cols[i]) || rows[i] < 1 || mat_loaded(w)) rc = -1;
-        sorted[i] = i;
-    }
-    for (int i = 1; i < count && rc == 0; i++) /* insertion sort by rank (a few hundred) */
-        for (int j = i; j > 0 && rank[sorted[j - 1]] > rank[sorted[j]]; j--) {
-            const int x = sorted[j];
-            sorted[j] = sorted[j - 1];
-            sorted[j - 1] = x;
-        }
-    for (int i = 0; i < count && rc == 0; i++) { /* offsets in each thread's arena */
-        const int e = sorted[i];
-        hs_mat *w = mat_of(m, which[e], layer[e], &rank[e]);
-        if (w->part) { rc = -1; break; } /* listed twice */
-        *w = (hs_mat){type[e], rows[e], cols[e], hs_row_bytes(type[e], cols[e]), NULL,
-                      calloc((size_t)nth, sizeof(char *))};
-        if (!w->part) { rc = -1; break; }
-        for (int t = 0; t < nth; t++) {
-            int r0, r1;
-            hs_split(rows[e], m->nrc, t, nth, &r0, &r1);
-            w->part[t] = (char *)(uintptr_t)used[t];
-            used[t] += ((size_t)(r1 - r0) * w->row_bytes + 63) / 64 * 64;
-        }
-    }
-    if (rc == 0) {
-        m->arenas = calloc((size_t)nth, sizeof(char *));
-        for (int t = 0; m->arenas && t < nth && rc == 0; t++)
-            if (!(m->arenas[t] = hs_alloc_large(used[t] ? used[t] : 64))) rc = -1;
-        if (!m->arenas) rc = -1;
-    }
-    for (int i = 0; i < count; i++) { /* offsets -> pointers, or undo */
-        long r;
-        hs_mat *w = mat_of(m, which[i], layer[i], &r);
-        if (!w || !w->part) continue;
-        if (rc == 0)
-            for (int t = 0; t < nth; t++) w->part[t] = m->arenas[t] + (uintptr_t)w->part[t];
-        else
-            free_mat(w);
-    }
-    if (rc != 0 && m->arenas) {
-        for (int t = 0; t < nth; t++) free(m->arenas[t]);
-        free(m->arenas);
-        m->arenas = NULL;
-    }
-    free(rank);
-    free(sorted);
-    free(used);
-    return rc;
 }
 
 static int set_vec(float **dst, int type, int n, int expect, const void *data) {
@@ -273,7 +170,8 @@ int hs_model_alloc_kv(hs_model *m, int n_blocks, int block_size) {
 
 size_t hs_model_weight_bytes(const hs_model *m) {
     size_t total = m->tok_embd.row_bytes * m->tok_embd.rows;
-    if (mat_loaded(&m->output)) total += m->output.row_bytes * m->output.rows;
+    if (m->output.data && m->output.data != m->tok_embd.data)
+        total += m->output.row_bytes * m->output.rows;
     for (int l = 0; l < m->c.n_layer; l++) {
         const hs_layer *L = &m->layers[l];
         const hs_mat *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
@@ -336,17 +234,16 @@ typedef struct {
 /* Weight rows and activation rows per packed product (the kernels' widest tile). */
 #define MM_TILE 4
 
-/* Rows r0..r1 of w, which begin at `base` (row r at base + (r - r0) * row_bytes). */
-static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, const char *base, float *out,
-                             int r0, int r1) {
+static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
     const int nb = w->cols / HS_QK;
     const hs_mm_fn mm = w->type == HS_Q4_0 ? t->k->mm_q4_0 : w->type == HS_Q4_1 ? t->k->mm_q4_1
                       : t->k->mm_q8_0;
+    const char *data = w->data;
     if (t->n == 1) { /* decode of one sequence: NRC weight rows per product */
         for (int r = r0; r < r1; r += t->nrc) {
             const int rows = r1 - r < t->nrc ? r1 - r : t->nrc;
-            mm(nb, base + (size_t)(r - r0) * w->row_bytes, w->row_bytes, rows, t->qa,
-               t->qa_stride, 1, out + r, (size_t)w->rows);
+            mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows, t->qa, t->qa_stride, 1,
+               out + r, (size_t)w->rows);
         }
         return;
     }
@@ -356,13 +253,14 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, const char *b
         const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
         int i0 = c0;
         if (wide && r1 > r0) /* tile-unit products first; the columns they leave, below */
-            i0 += wide(nb, base, w->row_bytes, r1 - r0, t->qa + (size_t)c0 * t->qa_stride,
-                       t->qa_stride, c1 - c0, out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
+            i0 += wide(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
+                       t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
+                       out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
         if (i0 >= c1) continue;
         for (int r = r0; r < r1; r += MM_TILE) {
             const int rows = r1 - r < MM_TILE ? r1 - r : MM_TILE;
             for (int i = i0; i < c1; i += MM_TILE)
-                mm(nb, base + (size_t)(r - r0) * w->row_bytes, w->row_bytes, rows,
+                mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows,
                    t->qa + (size_t)i * t->qa_stride, t->qa_stride, c1 - i < MM_TILE ? c1 - i : MM_TILE,
                    out + (size_t)i * w->rows + r, (size_t)w->rows);
         }
@@ -372,15 +270,13 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, const char *b
 static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int ith, int nth) {
     int r0, r1;
     hs_split(w->rows, t->nrc, ith, nth, &r0, &r1);
-    if (r1 <= r0) return;
-    const char *base = mat_part(w, ith, r0);
     if (is_quantized(w->type)) {
-        matmul_quantized(t, w, base, out, r0, r1);
+        matmul_quantized(t, w, out, r0, r1);
         return;
     }
     for (int r = r0; r < r1; r++) /* f16/f32 weights (small tensors of some files) */
         for (int i = 0; i < t->n; i++) {
-            const char *row = base + (size_t)(r - r0) * w->row_bytes;
+            const char *row = (const char *)w->data + (size_t)r * w->row_bytes;
             const float *x = t->x + (size_t)i * w->cols;
             out[(size_t)i * w->rows + r] = w->type == HS_F16
                 ? t->k->dot_f16(w->cols, (const hs_fp16 *)row, x) : t->k->dot_f32(w->cols, (const float *)row, x);
@@ -629,7 +525,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
     for (int i = 0; i < n; i++) {
-        const char *src = mat_row(emb, m->nrc, hs_pool_size(m->pool), tokens[i]);
+        const char *src = (const char *)emb->data + (size_t)tokens[i] * emb->row_bytes;
         if (row) {
             m->k->unpack_row(emb->type, src, row, d);
             src = row;
@@ -663,7 +559,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
     }
     token_ctx last = {m, NULL, NULL, 1, &at, 0};
     run_tokens(m, n, residual_norm_task, &last);
-    const hs_mat *out = mat_loaded(&m->output) ? &m->output : &m->tok_embd;
+    const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
     for (int i = 0; i < n_logits; i++)
         rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
     if (n_logits > 0) matmul3(m, n_logits, m->xb, d, 0, out, logits, NULL, NULL, NULL, NULL);
@@ -694,7 +590,7 @@ int hs_model_forward(hs_model *m, int n, const int32_t *tokens, const int32_t *p
                      const int32_t *seq, const int32_t *block_tables, int n_seqs,
                      int max_blocks, const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    if (n < 1 || !m->k_cache || !mat_loaded(&m->tok_embd)) return -1;
+    if (n < 1 || !m->k_cache || !m->tok_embd.data) return -1;
     for (int i = 0; i < n; i++) {
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab || seq[i] < 0 || seq[i] >= n_seqs ||
             pos[i] < 0 || pos[i] / m->block_size >= max_blocks)

@@ -12,9 +12,7 @@ typedef struct {
     int type;          /* enum hs_type */
     int rows, cols;    /* rows = output features */
     size_t row_bytes;
-    void *data;        /* all rows, contiguous (owned, 64-byte aligned); NULL when in `part` */
-    char **part;       /* or [pool threads]: where the rows thread t computes (hs_split of rows
-                        * by NRC) begin, in that thread's arena; NULL when in `data` */
+    void *data;        /* owned, 64-byte aligned */
 } hs_mat;
 
 typedef struct {
@@ -40,13 +38,6 @@ const hs_config *hs_model_config(const hs_model *model);
  * 15 w_up 16 w_down 17 attn_norm 18 ffn_norm 19 bq 20 bk 21 bv. Returns 0 or -1. */
 int hs_model_set(hs_model *model, int which, int layer, int type, int rows, int cols,
                  const void *data);
-/* Optional, before the hs_model_set calls: the matrices to come (which, layer, type, rows, cols,
- * `count` of each). Every pool thread then gets one arena holding its rows of all of them, laid
- * out in the order a step reads them (layer by layer: q k v o gate up down; then the output head
- * and the embedding table), so that each thread's weights are one stream, all on huge pages. A
- * matrix set later with another type or shape gets its own allocation. Returns 0 or -1. */
-int hs_model_reserve(hs_model *model, int count, const int *which, const int *layer,
-                     const int *type, const int *rows, const int *cols);
 /* Allocates the KV cache: n_blocks blocks of block_size tokens. Returns 0 or -1. */
 int hs_model_alloc_kv(hs_model *model, int n_blocks, int block_size);
 size_t hs_model_weight_bytes(const hs_model *model);

@@ -94,14 +94,6 @@ def read_config(reader: GGUFFile) -> ModelConfig:
     )
 
 
-def _final_type(tensor, quantization: str | None) -> int:
-    """The type a tensor reaches the model in (as _set_tensor and _converted give it)."""
-    kind, target = tensor.tensor_type, TARGETS.get(quantization or "")
-    if kind in NATIVE and (len(tensor.shape) != 2 or target is None or kind == target):
-        return kind
-    return (target or Q8_0) if len(tensor.shape) == 2 else F32
-
-
 def _set_tensor(model, which: int, layer: int, tensor, quantization: str | None,
                 fd: int) -> None:
     """Hands one tensor to the model, requantized when asked.
@@ -141,11 +133,8 @@ def _converted(data: memoryview, kind: int, rows: int, cols: int, target: int | 
 
 
 def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,
-               kernels: str = "", nrc: int = 2, arenas: bool = True
-               ) -> tuple[heteroserve_cpu.Model, ModelConfig, GGUFFile]:
-    """The model in `path` on `pool`'s threads. `arenas` (the default): each thread's rows of all
-    the weight matrices in one allocation, in reading order (Model.reserve); False gives each
-    matrix its own allocation (same results, for comparison)."""
+               kernels: str = "", nrc: int = 2) -> tuple[heteroserve_cpu.Model, ModelConfig,
+                                                        GGUFFile]:
     if quantization not in (None, "q8_0", "q4_0"):
         raise ValueError(f"quantization must be q8_0 or q4_0, not {quantization!r}")
     reader = open_gguf(path)
@@ -156,7 +145,7 @@ def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: st
     seen = set()
     fd = os.open(path, os.O_RDONLY)
     try:
-        _load_tensors(model, reader, quantization, fd, seen, path, arenas)
+        _load_tensors(model, reader, quantization, fd, seen, path)
     finally:
         os.close(fd)
     missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in seen]
@@ -165,41 +154,26 @@ def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: st
     return model, config, reader
 
 
-def _slot(name: str) -> tuple[int, int] | None:
-    """(which, layer) of a tensor in the model (hs_model_set's numbering), or None if unused."""
-    parts = name.split(".")
-    if name == "token_embd.weight":
-        return 0, -1
-    if name == "output.weight":
-        return 1, -1
-    if name == "output_norm.weight":
-        return 2, -1
-    if parts[0] == "blk" and parts[-1] == "weight" and parts[2] in LAYER_TENSORS:
-        return LAYER_TENSORS[parts[2]], int(parts[1])
-    if parts[0] == "blk" and parts[-1] == "bias" and parts[2] in LAYER_BIASES:
-        return LAYER_BIASES[parts[2]], int(parts[1])
-    return None  # e.g. rope_freqs: not used by these architectures' defaults
-
-
 def _load_tensors(model, reader: GGUFFile, quantization: str | None, fd: int, seen: set,
-                  path, arenas: bool) -> None:
-    used = [(t, slot) for t in reader.tensors if (slot := _slot(t.name)) is not None]
-
-    def asked(which: int) -> str | None:  # norms and the embedding lookup keep their type
-        return quantization if which not in (0, 2) and which < 17 else None
-
-    # Each pool thread's rows of every matrix in one arena, in the order a step reads them.
-    matrices = [(which, layer, _final_type(t, asked(which)), int(t.shape[1]), int(t.shape[0]))
-                for t, (which, layer) in used
-                if (which in (0, 1) or 10 <= which <= 16) and len(t.shape) == 2]
-    if matrices and arenas:
+                  path) -> None:
+    for tensor in reader.tensors:
+        name = tensor.name
+        parts = name.split(".")
+        if name == "token_embd.weight":
+            which, layer = 0, -1
+        elif name == "output.weight":
+            which, layer = 1, -1
+        elif name == "output_norm.weight":
+            which, layer = 2, -1
+        elif parts[0] == "blk" and parts[-1] == "weight" and parts[2] in LAYER_TENSORS:
+            which, layer = LAYER_TENSORS[parts[2]], int(parts[1])
+        elif parts[0] == "blk" and parts[-1] == "bias" and parts[2] in LAYER_BIASES:
+            which, layer = LAYER_BIASES[parts[2]], int(parts[1])
+        else:
+            continue  # e.g. rope_freqs: not used by these architectures' defaults
         try:
-            model.reserve(matrices)
+            _set_tensor(model, which, layer, tensor,
+                        quantization if which not in (0, 2) and which < 17 else None, fd)
         except ValueError as error:
-            raise ModelFileError(f"{path}: {error}") from error
-    for tensor, (which, layer) in used:
-        try:
-            _set_tensor(model, which, layer, tensor, asked(which), fd)
-        except ValueError as error:
-            raise ModelFileError(f"{path}: tensor {tensor.name}: {error}") from error
-        seen.add(tensor.name)
+            raise ModelFileError(f"{path}: tensor {name}: {error}") from error
+        seen.add(name)
