@@ -318,17 +318,4 @@ MM(Q4_1, mm_q4_1)
 MM(Q8_0, mm_q8_0)
 #endif
 
-static const hs_kernels table = {
-    .name = HS_KERNEL_NAME,
-    .act_bytes = gguf_act_bytes,
-    .quantize_act = quantize_act,
-    .mm_q4_0 = mm_q4_0,
-    .mm_q4_1 = mm_q4_1,
-    .mm_q8_0 = mm_q8_0,
-    .dot_f16 = dot_f16,
-    .dot_f32 = dot_f32,
-    .axpy_f16 = axpy_f16,
-    .to_f16 = to_f16,
-};
-
-const hs_kernels *HS_KERNEL_GETTER(void) { return &table; }
+GGUF_LAYOUT_TABLE(HS_KERNEL_NAME, HS_KERNEL_GETTER)

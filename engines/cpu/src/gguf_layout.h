@@ -38,4 +38,14 @@ static inline void gguf_mm(hs_dot_fn dot, hs_gemm_fn gemm, int nb, const void *w
         gguf_mm(DOT, GEMM, nb, w, ws, nrows, a, as, ncols, out, os);                             \
     }
 
+/* The table of a GGUF-layout variant whose functions carry these names (avx2 and the aarch64
+ * variants); `GETTER` returns it. */
+#define GGUF_LAYOUT_TABLE(NAME, GETTER)                                                          \
+    static const hs_kernels table = {                                                           \
+        .name = NAME, .act_bytes = gguf_act_bytes, .quantize_act = quantize_act,                 \
+        .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1, .mm_q8_0 = mm_q8_0, .dot_f16 = dot_f16,           \
+        .dot_f32 = dot_f32, .axpy_f16 = axpy_f16, .to_f16 = to_f16,                               \
+    };                                                                                           \
+    const hs_kernels *GETTER(void) { return &table; }
+
 #endif

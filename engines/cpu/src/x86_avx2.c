@@ -121,17 +121,4 @@ GGUF_MM(mm_q4_0, dot_q4_0, gemm_q4_0)
 GGUF_MM(mm_q4_1, dot_q4_1, gemm_q4_1)
 GGUF_MM(mm_q8_0, dot_q8_0, gemm_q8_0)
 
-static const hs_kernels table = {
-    .name = "avx2",
-    .act_bytes = gguf_act_bytes,
-    .quantize_act = quantize_act,
-    .mm_q4_0 = mm_q4_0,
-    .mm_q4_1 = mm_q4_1,
-    .mm_q8_0 = mm_q8_0,
-    .dot_f16 = dot_f16,
-    .dot_f32 = dot_f32,
-    .axpy_f16 = axpy_f16,
-    .to_f16 = to_f16,
-};
-
-const hs_kernels *hs_kernels_avx2(void) { return &table; }
+GGUF_LAYOUT_TABLE("avx2", hs_kernels_avx2)
