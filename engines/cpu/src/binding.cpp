@@ -1,5 +1,5 @@
-// The one binding module: a small typed surface over the C kernels (heteroserve_cpu/_kernels.pyi
-// mirrors it; tests/unit check that the stub and the module agree).
+// The one binding module: a small typed surface over the C kernels, re-exported by
+// heteroserve_cpu/__init__.py.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -207,7 +207,7 @@ NB_MODULE(_kernels, mod) {
                            top_k, top_p, state);
     }, nb::arg("pool"), nb::arg("logits"), nb::arg("temperature"), nb::arg("top_k"),
        nb::arg("top_p"), nb::arg("state"),
-       "one token per row of logits (greedy when temperature <= 0), as Model.sample draws them");
+       "one token per row of logits (greedy when temperature <= 1e-6), as Model.sample draws them");
     mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
     mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
             nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 2);

@@ -418,8 +418,6 @@ static void attn_task(void *p, int ith, int nth) {
     }
 }
 
-/* SwiGLU over the whole batch, split across the pool: serial, it is a visible share of a
- * batched step (n x n_ff exponentials per layer). */
 /* SwiGLU, then quantization for the down projection. With at least as many tokens as threads
  * each thread takes whole rows and quantizes them; with fewer (one-token decode above all) the
  * elements are split across the pool and the few rows quantized after it. */

@@ -14,7 +14,6 @@ is imported when such a file is opened. Format: https://github.com/ggml-org/ggml
 
 from __future__ import annotations
 
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +102,6 @@ def _read(f: BinaryIO, n: int) -> bytes:
     return data
 
 
-def end_of_file(f: BinaryIO) -> int:
-    return os.fstat(f.fileno()).st_size
-
-
 def _scalar(f: BinaryIO, fmt: str) -> Any:
     return struct.unpack(fmt, _read(f, struct.calcsize(fmt)))[0]
 
@@ -118,7 +113,8 @@ def _string(f: BinaryIO) -> str:
     return _read(f, n).decode("utf-8", errors="replace")
 
 
-def _value(f: BinaryIO, kind: int) -> Any:
+def _value(f: BinaryIO, kind: int, size: int) -> Any:
+    """One metadata value; `size`: the file's, which a skipped array must not pass."""
     if kind in SCALARS:
         return _scalar(f, SCALARS[kind])
     if kind == STRING:
@@ -130,23 +126,23 @@ def _value(f: BinaryIO, kind: int) -> Any:
         start = f.tell()
         if item in SCALARS:  # one read for the whole array
             fmt = SCALARS[item]
-            size = struct.calcsize(fmt) * count
+            width = struct.calcsize(fmt) * count
             if count > LAZY_ITEMS:
-                if start + size > end_of_file(f):
+                if start + width > size:
                     raise GGUFFormatError("file ends inside its header")
-                f.seek(size, 1)
-                return RawArray(Path(f.name), item, count, start, size)
-            return list(struct.unpack(f"<{count}{fmt[1]}", _read(f, size)))
+                f.seek(width, 1)
+                return RawArray(Path(f.name), item, count, start, width)
+            return list(struct.unpack(f"<{count}{fmt[1]}", _read(f, width)))
         if item == STRING and count > LAZY_ITEMS:
             for _ in range(count):  # only walk the lengths
                 n = _scalar(f, "<Q")
                 if n > MAX_STRING:
                     raise GGUFFormatError(f"a metadata string claims {n} bytes")
                 f.seek(n, 1)
-            if f.tell() > end_of_file(f):
+            if f.tell() > size:
                 raise GGUFFormatError("file ends inside its header")
             return RawArray(Path(f.name), item, count, start, f.tell() - start)
-        return [_value(f, item) for _ in range(count)]
+        return [_value(f, item, size) for _ in range(count)]
     raise GGUFFormatError(f"unknown metadata value type {kind}")
 
 
@@ -162,7 +158,7 @@ def _parse(path: Path, f: BinaryIO, size: int) -> GGUFFile:
     fields: dict[str, Any] = {}
     for _ in range(n_kv):
         key = _string(f)
-        fields[key] = _value(f, _scalar(f, "<I"))
+        fields[key] = _value(f, _scalar(f, "<I"), size)
     infos = []
     for _ in range(n_tensors):
         name = _string(f)

@@ -18,11 +18,6 @@ USER_DEFINED = 4
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 
 
-def _contents(reader: GGUFFile, key: str, default=None):
-    value = reader.get(key)
-    return default if value is None else value
-
-
 @dataclass
 class GGUFTokenizer:
     tokenizer: Tokenizer
@@ -33,32 +28,34 @@ class GGUFTokenizer:
 
     @classmethod
     def from_gguf(cls, reader: GGUFFile) -> GGUFTokenizer:
-        kind = _contents(reader, "tokenizer.ggml.model")
+        kind = reader.get("tokenizer.ggml.model")
         if kind != "gpt2":
             raise ModelFileError(f"tokenizer model {kind!r} is not supported (gpt2 BPE)")
-        tokens = _contents(reader, "tokenizer.ggml.tokens")
-        types = _contents(reader, "tokenizer.ggml.token_type", [1] * len(tokens))
-        merges = [tuple(m.split(" ", 1)) for m in _contents(reader, "tokenizer.ggml.merges", [])]
+        tokens = reader.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise ModelFileError("GGUF metadata 'tokenizer.ggml.tokens' is missing")
+        types = reader.get("tokenizer.ggml.token_type", [1] * len(tokens))
+        merges = [tuple(m.split(" ", 1)) for m in reader.get("tokenizer.ggml.merges", [])]
         vocab = {token: index for index, token in enumerate(tokens)}
         tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
         split = pre_tokenizers.Split(Regex(GPT2_PATTERN), behavior="isolated")
         steps = [split, byte_level]
-        if _contents(reader, "tokenizer.ggml.pre") == "smollm":
+        if reader.get("tokenizer.ggml.pre") == "smollm":
             steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
         tokenizer.decoder = decoders.ByteLevel()
         special = [tokens[i] for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)]
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
                                       for t in special])
-        bos = _contents(reader, "tokenizer.ggml.bos_token_id")
+        bos = reader.get("tokenizer.ggml.bos_token_id")
+        eos = reader.get("tokenizer.ggml.eos_token_id")
         return cls(
             tokenizer=tokenizer,
             bos_id=None if bos is None else int(bos),
-            eos_id=(None if _contents(reader, "tokenizer.ggml.eos_token_id") is None
-                    else int(_contents(reader, "tokenizer.ggml.eos_token_id"))),
-            add_bos=bool(_contents(reader, "tokenizer.ggml.add_bos_token", True)),
-            chat_template=_contents(reader, "tokenizer.chat_template"),
+            eos_id=None if eos is None else int(eos),
+            add_bos=bool(reader.get("tokenizer.ggml.add_bos_token", True)),
+            chat_template=reader.get("tokenizer.chat_template"),
         )
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
