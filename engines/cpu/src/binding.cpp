@@ -50,17 +50,21 @@ struct Pool {
 using Sampled = std::pair<std::vector<int32_t>, std::vector<uint64_t>>;
 
 // One token per row of logits[rows][vocab] on the pool's threads; per-row parameters, `state`
-// each row's generator state, returned advanced.
+// each row's generator state, returned advanced. `scratch` grows to what the sampler needs.
 static Sampled sample_rows(Pool &pool, const float *logits, size_t rows, size_t vocab,
                            const std::vector<float> &temperature, const std::vector<int> &top_k,
-                           const std::vector<float> &top_p, const std::vector<uint64_t> &state) {
+                           const std::vector<float> &top_p, const std::vector<uint64_t> &state,
+                           std::vector<float> &scratch) {
+    const size_t need = hs_sample_scratch_bytes(pool.size(), (int)vocab);
+    if (scratch.size() * sizeof(float) < need) scratch.resize(need / sizeof(float) + 1);
     std::vector<hs_sampling> params(rows);
     for (size_t r = 0; r < rows; r++) params[r] = {temperature[r], top_k[r], top_p[r], state[r]};
     std::vector<int32_t> ids(rows);
     int rc;
     {
         nb::gil_scoped_release release;
-        rc = hs_sample_rows(pool.pool, logits, (int)rows, (int)vocab, params.data(), ids.data());
+        rc = hs_sample_rows(pool.pool, logits, (int)rows, (int)vocab, params.data(), ids.data(),
+                            scratch.data());
     }
     if (rc != 0) throw std::runtime_error("sampling failed: a row of logits has no number");
     std::vector<uint64_t> next(rows);
@@ -81,7 +85,7 @@ static void check_sampling(size_t rows, const std::vector<float> &temperature,
 struct Model {
     hs_model *m = nullptr;
     Pool *pool;
-    std::vector<float> logits; // sample(): reused from step to step
+    std::vector<float> logits, scratch; // sample(): reused from step to step
     Model(Pool &p, int n_layer, int n_embd, int n_head, int n_head_kv, int head_dim, int n_ff,
           int n_vocab, int rope_neox, float eps, float rope_base, const std::string &kernels,
           int nrc)
@@ -146,7 +150,8 @@ struct Model {
         check_sampling(rows, temperature, top_k, top_p, state);
         if (logits.size() < rows * vocab) logits.resize(rows * vocab);
         run(tokens, pos, seq, block_tables, logit_index, logits.data());
-        return sample_rows(*pool, logits.data(), rows, vocab, temperature, top_k, top_p, state);
+        return sample_rows(*pool, logits.data(), rows, vocab, temperature, top_k, top_p, state,
+                           scratch);
     }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
@@ -203,8 +208,9 @@ NB_MODULE(_kernels, mod) {
                          const std::vector<uint64_t> &state) {
         if (logits.ndim() != 2) throw std::invalid_argument("logits is [rows, n_vocab]");
         check_sampling(logits.shape(0), temperature, top_k, top_p, state);
+        std::vector<float> scratch;
         return sample_rows(pool, logits.data(), logits.shape(0), logits.shape(1), temperature,
-                           top_k, top_p, state);
+                           top_k, top_p, state, scratch);
     }, nb::arg("pool"), nb::arg("logits"), nb::arg("temperature"), nb::arg("top_k"),
        nb::arg("top_p"), nb::arg("state"),
        "one token per row of logits (greedy when temperature <= 1e-6), as Model.sample draws them");

@@ -105,28 +105,27 @@ typedef struct {
     int rows, n;
     hs_sampling *params;
     int32_t *out;
+    char *scratch; /* per thread: n probabilities, then n candidates */
 } sample_ctx;
+
+size_t hs_sample_scratch_bytes(int threads, int n) {
+    return (size_t)threads * (size_t)n * (sizeof(float) + sizeof(hs_candidate));
+}
 
 static void sample_task(void *p, int ith, int nth) {
     sample_ctx *t = p;
     int r0, r1;
     hs_split(t->rows, 1, ith, nth, &r0, &r1);
-    float *prob = NULL;
-    hs_candidate *cand = NULL;
-    for (int r = r0; r < r1; r++) {
-        if (t->params[r].temperature > HS_MIN_TEMPERATURE && !prob) {
-            prob = malloc(sizeof *prob * (size_t)t->n);
-            cand = malloc(sizeof *cand * (size_t)t->n);
-        }
+    char *mine = t->scratch + hs_sample_scratch_bytes(ith, t->n);
+    float *prob = (float *)mine;
+    hs_candidate *cand = (hs_candidate *)(mine + sizeof(float) * (size_t)t->n);
+    for (int r = r0; r < r1; r++)
         t->out[r] = hs_sample(t->logits + (size_t)r * t->n, t->n, &t->params[r], prob, cand);
-    }
-    free(prob);
-    free(cand);
 }
 
 int hs_sample_rows(hs_pool *pool, const float *logits, int rows, int n, hs_sampling *params,
-                   int32_t *out) {
-    sample_ctx t = {logits, rows, n, params, out};
+                   int32_t *out, void *scratch) {
+    sample_ctx t = {logits, rows, n, params, out, scratch};
     if (rows > 1)
         hs_pool_run(pool, sample_task, &t);
     else

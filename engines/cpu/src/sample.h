@@ -4,6 +4,7 @@
 #ifndef HS_SAMPLE_H
 #define HS_SAMPLE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "threadpool.h"
@@ -29,10 +30,13 @@ double hs_uniform(uint64_t *state);
  * is a number (or scratch is missing). */
 int hs_sample(const float *logits, int n, hs_sampling *s, float *prob, hs_candidate *cand);
 
+/* Scratch hs_sample_rows needs for a pool of `threads` and rows of n logits. */
+size_t hs_sample_scratch_bytes(int threads, int n);
+
 /* out[r] = hs_sample(logits + r * n, ...) for each of `rows` rows, split across the pool;
- * params[r].state advances. Returns 0, or -1 when a row had no number or scratch could not be
- * allocated. */
+ * params[r].state advances. `scratch`: hs_sample_scratch_bytes(pool size, n) bytes, 4-byte
+ * aligned, kept by the caller from step to step. Returns 0, or -1 when a row had no number. */
 int hs_sample_rows(hs_pool *pool, const float *logits, int rows, int n, hs_sampling *params,
-                   int32_t *out);
+                   int32_t *out, void *scratch);
 
 #endif
