@@ -313,8 +313,10 @@ def main() -> int:
                                   str(args.threads)], capture_output=True, text=True, check=True)
             measured[engine] = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append((label, measured))
+    numpy = any(m["heteroserve"]["numpy_imported"] for _, m in rows)
     print(f"\nthreads: {args.threads}; CPU: {cpu_name()}; heteroserve kernels: "
-          f"{rows[0][1]['heteroserve']['variant']}; medians of 3\n")
+          f"{rows[0][1]['heteroserve']['variant']}; numpy in heteroserve's process: "
+          f"{'yes' if numpy else 'no'}; medians of 3\n")
     print("| model | engine | prefill tok/s | decode tok/s (1) | decode tok/s (8) | "
           "decode tok/s (16) | peak RSS MiB |")
     print("|---|---|---|---|---|---|---|")
