@@ -216,7 +216,7 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
 
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     pool = hc.Pool(cpus, threads, pin_caller=True)
-    model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC", "2")))
+    model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC") or "0"))
     per_seq = -(-(PROMPT + DECODE + 8) // 16)
     model.alloc_kv(per_seq * 16, 16)
     tables = memoryview(array("i", range(per_seq * 16))).cast("B").cast("i", (16, per_seq))
@@ -229,6 +229,7 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
 
     results = measure(run, lambda: None, config.n_vocab)
     results["weight_bytes"] = model.weight_bytes
+    results["token_bytes"] = model.token_bytes
     results["variant"] = hc.selected_variant()
     results["rss_mib"] = peak_rss_mib()
     results["kv_bytes"] = model.kv_bytes
@@ -336,9 +337,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for label, measured in rows:
         ours = measured["heteroserve"]
-        roof = ours["bandwidth_gbs"] * 1e9 / ours["weight_bytes"]
+        roof = ours["bandwidth_gbs"] * 1e9 / ours["token_bytes"]
         budget = (ours["weight_bytes"] + ours["kv_bytes"]) / 2**20
-        print(f"| {label} | {ours['weight_bytes'] / 2**20:.0f} MiB | {ours['bandwidth_gbs']:.1f} "
+        print(f"| {label} | {ours['token_bytes'] / 2**20:.0f} MiB | {ours['bandwidth_gbs']:.1f} "
               f"| {roof:.0f} | {ours['decode_1']:.1f} | {100 * ours['decode_1'] / roof:.0f} % | "
               f"{100 * measured['llama.cpp']['decode_1'] / roof:.0f} % | "
               f"{ours['rss_mib']:.0f} / {budget:.0f} MiB = {ours['rss_mib'] / budget:.2f}x |")

@@ -64,3 +64,25 @@ def test_cpuset_with_omp_num_threads_is_spread_evenly(kunpeng):
     assert binding.cpus == [0, 1, 40, 41, 80, 81, 120, 121]
     binding = resolve({}, set(range(40, 80)), kunpeng)
     assert binding.cpus == list(range(40, 80)) and binding.source == "process cpuset"
+
+
+def test_nrc_comes_from_the_flag_then_the_environment(monkeypatch):
+    from heteroserve_engines.cpu_engine.__main__ import build_parser, nrc_from
+
+    parser = build_parser()
+    monkeypatch.delenv("NRC", raising=False)
+    assert nrc_from(parser, None) == 0  # by row width
+    monkeypatch.setenv("NRC", "4")
+    assert nrc_from(parser, None) == 4
+    assert nrc_from(parser, 1) == 1
+
+
+@pytest.mark.parametrize("value", ["3", "four", "-1"])
+def test_bad_nrc_is_refused_by_name(monkeypatch, capsys, value):
+    from heteroserve_engines.cpu_engine.__main__ import build_parser, nrc_from
+
+    monkeypatch.setenv("NRC", value)
+    with pytest.raises(SystemExit) as exit_info:
+        nrc_from(build_parser(), None)
+    assert exit_info.value.code == 2
+    assert f"NRC must be 1, 2 or 4 (got '{value}')" in capsys.readouterr().err

@@ -83,11 +83,34 @@ def test_threaded_product_matches_numpy(kind):
         assert error < 0.02, (threads, error)
 
 
+@pytest.mark.parametrize("kind", sorted(TYPES))
+def test_one_token_product_is_the_same_on_any_number_of_threads(kind):
+    # Every row computed once, with the single thread's arithmetic, whatever the split; 2055 rows
+    # are not a multiple of any tile, and 2048 and 576 columns take one and two rows per tile
+    # when NRC is unset (0).
+    for cols in (2048, 576):
+        rows = 2055
+        blob, _ = quantized(kind, rows, cols)
+        x = RNG.standard_normal((1, cols)).astype(np.float32)
+        for nrc in (0, 1, 2, 4):
+            alone = hc.matmul(hc.Pool([], 1), TYPES[kind][0], rows, cols, blob, x, "", nrc)
+            for threads in (2, 3, 8):
+                ours = hc.matmul(hc.Pool([], threads), TYPES[kind][0], rows, cols, blob, x, "",
+                                 nrc)
+                np.testing.assert_array_equal(ours, alone, err_msg=f"{threads} threads, {nrc}")
+
+
 def test_pool_rejects_thread_and_cpu_mismatch():
     with pytest.raises(ValueError, match="thread count must equal the number of bound CPUs"):
         hc.Pool([0, 1], 3)
     with pytest.raises(ValueError, match="threads must be >= 1"):
         hc.Pool([], 0)
+
+
+def test_bad_nrc_is_a_clear_error():
+    with pytest.raises(ValueError, match="nrc must be 0 \\(by row width\\), 1, 2 or 4, got 3"):
+        hc.matmul(hc.Pool([], 1), 8, 1, 32, np.zeros(34, np.uint8), np.zeros(32, np.float32),
+                  "", 3)
 
 
 def test_unknown_variant_is_a_clear_error():

@@ -82,6 +82,14 @@ static void check_sampling(size_t rows, const std::vector<float> &temperature,
         if (!(p > 0.0f)) throw std::invalid_argument("top_p must be > 0");
 }
 
+// NRC: 1, 2 or 4 weight rows per one-token product, 0 to choose by row width.
+static int checked_nrc(int nrc) {
+    if (nrc != 0 && nrc != 1 && nrc != 2 && nrc != 4)
+        throw std::invalid_argument("nrc must be 0 (by row width), 1, 2 or 4, got " +
+                                    std::to_string(nrc));
+    return nrc;
+}
+
 struct Model {
     hs_model *m = nullptr;
     Pool *pool;
@@ -92,7 +100,7 @@ struct Model {
         : pool(&p) {
         hs_config c{n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_neox, eps,
                     rope_base};
-        m = hs_model_create(&c, p.pool, kernels_named(kernels), nrc);
+        m = hs_model_create(&c, p.pool, kernels_named(kernels), checked_nrc(nrc));
         if (!m) throw std::invalid_argument("unsupported model shape (dimensions must be multiples "
                                             "of 32 and heads a multiple of KV heads)");
     }
@@ -154,6 +162,7 @@ struct Model {
                            scratch);
     }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
+    size_t token_bytes() const { return hs_model_token_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
 };
 
@@ -182,6 +191,7 @@ static nb::ndarray<nb::numpy, float, nb::ndim<2>> matmul(Pool &pool, int type, i
     if (w.size() < hs_row_bytes(type, cols) * (size_t)rows || x.size() % (size_t)cols)
         throw std::invalid_argument("matmul: buffer sizes do not match rows x cols");
     const int n = (int)(x.size() / cols);
+    checked_nrc(nrc);
     hs_mat mat{type, rows, cols, hs_row_bytes(type, cols), (void *)w.data()};
     float *out = new float[(size_t)n * rows];
     const hs_kernels *k = kernels_named(kernels);
@@ -228,7 +238,7 @@ NB_MODULE(_kernels, mod) {
              nb::arg("pool"), nb::arg("n_layer"), nb::arg("n_embd"), nb::arg("n_head"),
              nb::arg("n_head_kv"), nb::arg("head_dim"), nb::arg("n_ff"), nb::arg("n_vocab"),
              nb::arg("rope_neox"), nb::arg("eps"), nb::arg("rope_base"), nb::arg("kernels") = "",
-             nb::arg("nrc") = 2, nb::keep_alive<1, 2>())
+             nb::arg("nrc") = 0, nb::keep_alive<1, 2>())
         .def("set", &Model::set)
         .def("alloc_kv", &Model::alloc_kv)
         .def("forward", &Model::forward)
@@ -236,5 +246,6 @@ NB_MODULE(_kernels, mod) {
              nb::arg("block_tables"), nb::arg("logit_index"), nb::arg("temperature"),
              nb::arg("top_k"), nb::arg("top_p"), nb::arg("state"))
         .def_prop_ro("weight_bytes", &Model::weight_bytes)
+        .def_prop_ro("token_bytes", &Model::token_bytes)
         .def_prop_ro("kv_bytes", &Model::kv_bytes);
 }

@@ -41,6 +41,9 @@ int hs_model_set(hs_model *model, int which, int layer, int type, int rows, int 
 /* Allocates the KV cache: n_blocks blocks of block_size tokens. Returns 0 or -1. */
 int hs_model_alloc_kv(hs_model *model, int n_blocks, int block_size);
 size_t hs_model_weight_bytes(const hs_model *model);
+/* Weight bytes one decode step of one token reads: every layer matrix, the output head (the
+ * embedding table where it is tied) and one embedding row. The decode roofline's divisor. */
+size_t hs_model_token_bytes(const hs_model *model);
 size_t hs_model_kv_bytes(const hs_model *model);
 
 /* One step over n tokens (any mix of prefill chunks and decode tokens of several sequences).

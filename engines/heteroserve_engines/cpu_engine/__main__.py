@@ -2,7 +2,8 @@
 
 The binding comes from CUSTOM_CPU_AFFINITY / GOMP_CPU_AFFINITY / the process cpuset and
 OMP_NUM_THREADS (see affinity.py); SYSHAX_QUANTIZE (q8_0|q4_0) requantizes the weights and NRC
-(2|4) sets the GEMV row tiling, as in sysHAX. Flags override the environment.
+(1|2|4) sets the rows of a one-token product as in sysHAX (unset: chosen by row width, see
+docs/cpu-engine.md). Flags override the environment.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="context length (default: the model's, capped at 8192)")
     parser.add_argument("--quantization", choices=["q8_0", "q4_0", "none"],
                         default=os.environ.get("SYSHAX_QUANTIZE") or "none")
-    parser.add_argument("--nrc", type=int, choices=[1, 2, 4],
-                        default=int(os.environ.get("NRC", "2")))
+    parser.add_argument("--nrc", type=int, choices=[0, 1, 2, 4], default=None,
+                        help="weight rows per one-token product (default: $NRC, else 0: by "
+                             "row width)")
     parser.add_argument("--kv-cache-gib", type=float, default=1.0,
                         help="KV cache size in GiB (fp16)")
     parser.add_argument("--max-batch-tokens", type=int, default=256,
@@ -54,8 +56,22 @@ def default_model() -> str:
     return str(found[0])
 
 
+def nrc_from(parser: argparse.ArgumentParser, flag: int | None) -> int:
+    """--nrc, else the seeds' NRC variable (1, 2 or 4), else 0 (by row width)."""
+    if flag is not None:
+        return flag
+    value = os.environ.get("NRC", "").strip()
+    if not value:
+        return 0
+    if value not in ("1", "2", "4"):
+        parser.error(f"NRC must be 1, 2 or 4 (got {value!r})")
+    return int(value)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.nrc = nrc_from(parser, args.nrc)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import heteroserve_cpu

@@ -133,7 +133,7 @@ def _converted(data: memoryview, kind: int, rows: int, cols: int, target: int | 
 
 
 def load_model(path: str | Path, pool: heteroserve_cpu.Pool, *, quantization: str | None = None,
-               kernels: str = "", nrc: int = 2) -> tuple[heteroserve_cpu.Model, ModelConfig,
+               kernels: str = "", nrc: int = 0) -> tuple[heteroserve_cpu.Model, ModelConfig,
                                                         GGUFFile]:
     if quantization not in (None, "q8_0", "q4_0"):
         raise ValueError(f"quantization must be q8_0 or q4_0, not {quantization!r}")
