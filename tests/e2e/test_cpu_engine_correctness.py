@@ -139,7 +139,7 @@ def requantized_model(quantization: str, config):
 
 
 def test_tied_head_streams_the_whole_embedding_table_per_token(loaded):
-    model, config, _reader, _tok = loaded
+    model, _config, _reader, _tok = loaded
     # SmolLM2's output head is its embedding table: one token reads every weight once.
     assert model.token_bytes == model.weight_bytes
 
