@@ -87,6 +87,22 @@ def test_restricted_pod_security_for_cpu_pods():
         assert context["capabilities"] == {"drop": ["ALL"]}
 
 
+def decode_env(rendered) -> dict[str, str]:
+    (decode,) = by_kind(rendered)["Deployment"]
+    container = decode["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_nrc_reaches_the_builtin_engine_only_when_set():
+    # Unset, the builtin engine chooses its rows per product by row width; the Kunpeng
+    # guidance (4 with q4_0) would slow its wide-row products.
+    assert "NRC" not in decode_env(render(spec(decode={"cpus": 4, "quantization": "q4_0"}),
+                                          OWNER, FACTS))
+    env = decode_env(render(spec(decode={"cpus": 4, "quantization": "q4_0", "gemv_tiling": 2}),
+                            OWNER, FACTS))
+    assert env["NRC"] == "2" and env["SYSHAX_QUANTIZE"] == "q4_0"
+
+
 def test_same_node_needs_an_accelerator_node_with_room():
     too_big = spec(prefill={"accelerator": {"type": "nvidia", "count": 2},
                             "engine": {"kind": "vllm"}},

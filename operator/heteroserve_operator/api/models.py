@@ -323,7 +323,8 @@ class DecodeSpec(ApiModel):
     gemv_tiling: Literal[2, 4] | None = Field(
         default=None,
         description="GEMV row tiling (`NRC`); Kunpeng guidance: 4 with q4_0, "
-        "2 with q8_0. Default: that guidance.",
+        "2 with q8_0. Default: that guidance, except for the builtin engine, which "
+        "then chooses per matrix by row width.",
     )
     memory: str = Field(
         default="64Gi", pattern=QUANTITY_PATTERN, description="Memory request and limit per pod."

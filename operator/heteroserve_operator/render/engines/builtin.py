@@ -36,7 +36,9 @@ def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
               "--max-model-len", str(spec.model.max_model_len),
               "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT), *engine.args],
         port=engine.port or DECODE_PORT,
-        env={**decode_environment(spec.decode, plan), **user_env(engine.env)},
+        # NRC unset: the engine chooses the rows per one-token product by row width
+        # (docs/cpu-engine.md); the Kunpeng guidance is for the sysHAX kernels.
+        env={**decode_environment(spec.decode, plan, guided_nrc=False), **user_env(engine.env)},
         startup_seconds=600,
         shm_size="1Gi",
     )

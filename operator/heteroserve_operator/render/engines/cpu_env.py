@@ -9,11 +9,17 @@ from ...numa import NumaPlan
 DEFAULT_NRC = {"q4_0": 4, "q8_0": 2}
 
 
-def decode_environment(decode: DecodeSpec, plan: NumaPlan) -> dict[str, str]:
-    return {
+def decode_environment(decode: DecodeSpec, plan: NumaPlan, *,
+                       guided_nrc: bool = True) -> dict[str, str]:
+    """`guided_nrc`: when gemv_tiling is unset, pass the Kunpeng guidance as NRC (the engines
+    tuned by it); otherwise NRC is set only when the spec sets it."""
+    env = {
         # Enables the fused CPU path; OMP_NUM_THREADS only counts with it (sysHAX).
         "INFERENCE_OP_MODE": "fused",
         **plan.environment(),
         "SYSHAX_QUANTIZE": decode.quantization,
-        "NRC": str(decode.gemv_tiling or DEFAULT_NRC[decode.quantization]),
     }
+    nrc = decode.gemv_tiling or (DEFAULT_NRC[decode.quantization] if guided_nrc else None)
+    if nrc:
+        env["NRC"] = str(nrc)
+    return env
