@@ -76,9 +76,9 @@ def tokenizer_fields(source: str | None) -> dict:
 def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = None) -> Path:
     """A llama-shaped model with random weights (0.02 std) in `kind`, and SmolLM2's tokenizer so
     that llama.cpp loads it."""
-    import numpy as np
     from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter, quants
+
+    from tests.reference.synthetic import write_llama
 
     out = CACHE / f"synthetic-llama-{shape}-{kind}.gguf"
     if out.exists():
@@ -86,50 +86,10 @@ def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = N
     CACHE.mkdir(parents=True, exist_ok=True)
     fields = tokenizer_fields(tokenizer)
     n_layer, n_embd, n_head, n_kv, n_ff = SHAPES[shape]
-    qtype = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind]
-    vocab = len(fields["tokenizer.ggml.tokens"])
-    writer = GGUFWriter(str(out), "llama")
-    writer.add_name(f"synthetic llama {shape}")
-    writer.add_block_count(n_layer)
-    writer.add_context_length(4096)
-    writer.add_embedding_length(n_embd)
-    writer.add_feed_forward_length(n_ff)
-    writer.add_head_count(n_head)
-    writer.add_head_count_kv(n_kv)
-    writer.add_rope_dimension_count(n_embd // n_head)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_vocab_size(vocab)
-    writer.add_file_type(2 if kind == "q4_0" else 7)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
-    writer.add_token_list(fields["tokenizer.ggml.tokens"])
-    writer.add_token_types(fields["tokenizer.ggml.token_type"])
-    writer.add_token_merges(fields["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    rng = np.random.default_rng(0)
-
-    def weights(rows, cols):
-        return quants.quantize(rng.standard_normal((rows, cols), dtype=np.float32) * 0.02, qtype)
-
-    writer.add_tensor("token_embd.weight", weights(vocab, n_embd), raw_dtype=qtype)
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
-    head = n_embd // n_head
-    for layer in range(n_layer):
-        p = f"blk.{layer}."
-        writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, np.float32))
-        writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, np.float32))
-        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", n_kv * head, n_embd),
-                                 ("attn_v", n_kv * head, n_embd), ("attn_output", n_embd, n_embd),
-                                 ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd),
-                                 ("ffn_down", n_embd, n_ff)):
-            writer.add_tensor(p + name + ".weight", weights(rows, cols), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return write_llama(out, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_kv=n_kv, n_ff=n_ff,
+                       vocab=len(fields["tokenizer.ggml.tokens"]),
+                       qtype={"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind], tokenizer=fields,
+                       name=f"synthetic llama {shape}")
 
 
 def llama_tools(bin_dir: str, model: str, threads: int) -> dict:

@@ -12,6 +12,7 @@ from heteroserve_engines.cpu_engine.__main__ import default_model
 from heteroserve_engines.cpu_engine.gguf_model import load_model
 from heteroserve_engines.cpu_engine.tokenizer import GGUFTokenizer
 from tests.reference.llama_numpy import logits as reference_logits
+from tests.reference.synthetic import write_llama
 from tests.variants import BATCH_INVARIANT
 
 PROMPTS = [
@@ -144,48 +145,13 @@ def test_tied_head_streams_the_whole_embedding_table_per_token(loaded):
     assert model.token_bytes == model.weight_bytes
 
 
-def untied_model(path, kind=8):
-    """A small llama with its own output head (`output.weight`, as TinyLlama and Llama have),
-    random q8_0 weights; no tokenizer (token ids are given directly)."""
-    from gguf import GGMLQuantizationType as Q
-    from gguf import GGUFWriter, quants
-
-    n_layer, n_embd, n_head, n_kv, n_ff, vocab = 2, 128, 4, 2, 256, 320
-    rng = np.random.default_rng(3)
-    writer = GGUFWriter(str(path), "llama")
-    for add, value in ((writer.add_block_count, n_layer), (writer.add_context_length, 256),
-                       (writer.add_embedding_length, n_embd), (writer.add_head_count, n_head),
-                       (writer.add_feed_forward_length, n_ff), (writer.add_head_count_kv, n_kv),
-                       (writer.add_vocab_size, vocab), (writer.add_rope_freq_base, 10000.0),
-                       (writer.add_layer_norm_rms_eps, 1e-5)):
-        add(value)
-
-    def add(name, rows, cols):
-        w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.1
-        writer.add_tensor(name, quants.quantize(w, Q.Q8_0), raw_dtype=Q.Q8_0)
-
-    add("token_embd.weight", vocab, n_embd)
-    add("output.weight", vocab, n_embd)
-    writer.add_tensor("output_norm.weight", np.ones(n_embd, np.float32))
-    head = n_embd // n_head
-    for layer in range(n_layer):
-        p = f"blk.{layer}."
-        writer.add_tensor(p + "attn_norm.weight", np.ones(n_embd, np.float32))
-        writer.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, np.float32))
-        for name, rows, cols in (("attn_q", n_embd, n_embd), ("attn_k", n_kv * head, n_embd),
-                                 ("attn_v", n_kv * head, n_embd), ("attn_output", n_embd, n_embd),
-                                 ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd),
-                                 ("ffn_down", n_embd, n_ff)):
-            add(p + name + ".weight", rows, cols)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_untied_output_head_matches_the_float_reference(tmp_path):
-    path = untied_model(tmp_path / "untied.gguf")
+    # A small llama with its own output head (`output.weight`, as Llama and TinyLlama have).
+    from gguf import GGMLQuantizationType
+
+    path = write_llama(tmp_path / "untied.gguf", n_layer=2, n_embd=128, n_head=4, n_kv=2,
+                       n_ff=256, vocab=320, qtype=GGMLQuantizationType.Q8_0, std=0.1,
+                       untied=True)
     model, config, reader = load_model(path, hc.Pool([], 2))
     model.alloc_kv(16, 16)
     ids = [5, 300, 17, 42, 99, 0, 7, 256]
