@@ -76,6 +76,25 @@ def test_logits_match_the_float_reference(loaded):
     assert agree / total >= 0.95, agree / total
 
 
+def test_long_context_matches_the_float_reference(loaded):
+    # Past 256 positions a token's attention runs as spans of 256 positions (spread over the
+    # pool) combined afterwards: a 600-token context in sub-steps, then single decode tokens.
+    model, _config, reader, tok = loaded
+    ids = [t for _ in range(8) for p in PROMPTS for t in tok.encode(p)][:600]
+    tables = np.arange(40, dtype=np.int32)[::-1].copy().reshape(1, 40)  # scattered blocks
+    asked = [100, 300, 595]
+    ours = [model.forward(np.asarray(ids[:596], np.int32), np.arange(596, dtype=np.int32),
+                          np.zeros(596, np.int32), tables, np.asarray(asked, np.int32))]
+    for p in range(596, 600):
+        ours.append(model.forward(np.asarray([ids[p]], np.int32), np.asarray([p], np.int32),
+                                  np.zeros(1, np.int32), tables, np.zeros(1, np.int32)))
+    ours = np.concatenate(ours)
+    ref = reference_logits(reader, ids)[asked + list(range(596, 600))]
+    for row in range(len(ours)):
+        assert np.corrcoef(ours[row], ref[row])[0, 1] > 0.99, row
+    assert np.mean(ours.argmax(axis=1) == ref.argmax(axis=1)) >= 6 / 7
+
+
 def test_batched_paged_sequences_equal_each_alone(invariant):
     model, _config, _reader, tok = invariant
     a, b = tok.encode(PROMPTS[0]), tok.encode(PROMPTS[3])

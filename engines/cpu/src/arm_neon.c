@@ -139,6 +139,37 @@ static void to_f16(int n, const float *x, hs_fp16 *y) { /* FPCR's default: neare
     for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
+/* attend.h's row primitives: each fp16 row converted once for the whole group. */
+static inline void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, float *out) {
+    float32x4_t a[HS_ATTN_GROUP];
+    for (int g = 0; g < ng; g++) a[g] = vdupq_n_f32(0);
+    int j = 0;
+    for (; j + 4 <= hd; j += 4) {
+        const float32x4_t kv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(k + j)));
+        for (int g = 0; g < ng; g++) a[g] = vfmaq_f32(a[g], kv, vld1q_f32(q + (size_t)g * hd + j));
+    }
+    for (int g = 0; g < ng; g++) {
+        float sum = vaddvq_f32(a[g]);
+        for (int t = j; t < hd; t++) sum += hs_f16(k[t]) * q[(size_t)g * hd + t];
+        out[g] = sum;
+    }
+}
+
+static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, float *acc) {
+    int j = 0;
+    for (; j + 4 <= hd; j += 4) {
+        const float32x4_t vv = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(v + j)));
+        for (int g = 0; g < ng; g++) {
+            float *y = acc + (size_t)g * hd + j;
+            vst1q_f32(y, vfmaq_n_f32(vld1q_f32(y), vv, w[g]));
+        }
+    }
+    for (; j < hd; j++)
+        for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
+}
+
+#include "attend.h"
+
 #ifndef HS_I8MM /* i8mm's batched products are its SMMLA tiles, below */
 /* Batched products: each weight block is unpacked once for up to four activations. */
 static void gemm_q4_0(int nb, const void *w, const block_q8a *a, size_t astride, int ncols,

@@ -36,7 +36,17 @@ typedef struct {
     void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
     /* fp32 -> fp16, round to nearest even: K/V rows into the cache. */
     void (*to_f16)(int n, const float *x, hs_fp16 *y);
+    /* Attention of ng (1..HS_ATTN_GROUP) query heads that share one KV head (q: ng rows of hd)
+     * over `count` cached positions, K row k[p] and V row v[p] (hd fp16 each), as an online
+     * softmax: with s = scale * q[g] . k[p], m[g] the running max of s and l[g] the running sum
+     * of exp(s - m[g]), acc[g] (hd floats) accumulates exp(s - m[g]) * v[p] and is rescaled
+     * whenever m[g] grows. Start from m = -inf, l = 0, acc = 0; the result is acc[g] / l[g]. */
+    void (*attend_f16)(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
+                       const hs_fp16 *const *v, int count, float *m, float *l, float *acc);
 } hs_kernels;
+
+#define HS_ATTN_GROUP 8 /* query heads per attend_f16 call */
+#define HS_ATTN_SPAN 64 /* positions scored at once inside it */
 
 extern const hs_kernels hs_kernels_ref;
 const hs_kernels *hs_kernels_avx2(void);    /* NULL when not compiled in */

@@ -18,8 +18,12 @@ struct hs_model {
     /* scratch, grown to the largest batch seen */
     int cap;
     float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up;
-    float *scores;              /* [threads][scores_len]: attention scores, one row per thread */
-    int scores_len;
+    /* attention work of the step (see attn_task): token i's items start at attn_first[i]; its
+     * per-span partial results (when it has more than one span) at attn_part[i] in `partial` */
+    int *attn_first;
+    size_t *attn_part, partial_cap;
+    float *partial;
+    float *span_acc;            /* [threads][HS_ATTN_GROUP * head_dim]: one span's outputs */
     float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
     float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
     void *qa;              /* quantized activations: the kernel table's layout */
@@ -77,7 +81,8 @@ void hs_model_destroy(hs_model *m) {
     free(m->output_norm);
     free(m->k_cache); free(m->v_cache);
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
-    free(m->gate); free(m->up); free(m->scores); free(m->qa);
+    free(m->gate); free(m->up); free(m->qa);
+    free(m->attn_first); free(m->attn_part); free(m->partial); free(m->span_acc);
     free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
     free(m);
 }
@@ -222,22 +227,19 @@ static int grow(hs_model *m, int n) {
     }
     free(m->qa);
     m->qa = aligned((size_t)n * m->k->act_bytes(widest));
+    if (!m->span_acc)
+        m->span_acc = aligned(sizeof(float) * (size_t)hs_pool_size(m->pool) * HS_ATTN_GROUP *
+                              (size_t)c->head_dim);
+    free(m->attn_first); free(m->attn_part);
+    m->attn_first = malloc(sizeof(int) * ((size_t)n + 1));
+    m->attn_part = malloc(sizeof(size_t) * (size_t)n);
+    if (!m->attn_first || !m->attn_part || !m->span_acc) return -1;
     free(m->rope_cos); free(m->rope_sin);
     m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
     m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
     if (!m->rope_cos || !m->rope_sin) return -1;
     m->cap = n;
     return m->qa ? 0 : -1;
-}
-
-/* One row of attention scores per pool thread, as long as the longest sequence a block table of
- * max_blocks can hold (positions are validated against it). */
-static int grow_scores(hs_model *m, int len) {
-    if (len <= m->scores_len) return 0;
-    free(m->scores);
-    m->scores = aligned((size_t)hs_pool_size(m->pool) * (size_t)len * 4);
-    m->scores_len = m->scores ? len : 0;
-    return m->scores ? 0 : -1;
 }
 
 /* ---- parallel matrix products ------------------------------------------------------------ */
@@ -408,6 +410,38 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
     return (size_t)block * t->m->block_size + p % t->m->block_size;
 }
 
+/* The attention of a step is split into items: one KV head of one token over one span of
+ * ATTN_SPAN of its positions, all the query heads sharing that KV head at once (attend_f16). A
+ * long context thus spreads over the pool even for one token, and a token's items depend on its
+ * position alone, never on the rest of the batch. A token with several spans keeps each span's
+ * running max, sum and output in `partial`, combined in span order afterwards (attn_combine). */
+#define ATTN_SPAN 256
+
+static int attn_spans(int32_t pos) { return (pos + ATTN_SPAN) / ATTN_SPAN; }
+
+/* Items and partial offsets of the step; returns the item count, -1 when out of memory. */
+static int attn_plan(hs_model *m, int n, const int32_t *pos) {
+    const hs_config *c = &m->c;
+    const size_t per_span = (size_t)c->n_head * (c->head_dim + 2);
+    size_t part = 0;
+    int items = 0;
+    for (int i = 0; i < n; i++) {
+        const int spans = attn_spans(pos[i]);
+        m->attn_first[i] = items;
+        items += c->n_head_kv * spans;
+        m->attn_part[i] = part;
+        if (spans > 1) part += per_span * (size_t)spans;
+    }
+    m->attn_first[n] = items;
+    if (part > m->partial_cap) {
+        free(m->partial);
+        m->partial = aligned(part * 4);
+        m->partial_cap = m->partial ? part : 0;
+        if (!m->partial) return -1;
+    }
+    return items;
+}
+
 static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *t = p;
     hs_model *m = t->m;
@@ -415,31 +449,70 @@ static void attn_task(void *p, int ith, int nth) {
     const int hd = c->head_dim, kvd = c->n_head_kv * hd, group = c->n_head / c->n_head_kv;
     const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
     const float scale = 1.0f / sqrtf((float)hd);
+    const hs_fp16 *kp[ATTN_SPAN], *vp[ATTN_SPAN];
+    float mx[HS_ATTN_GROUP], sum[HS_ATTN_GROUP];
+    int w0, w1, i = 0;
+    hs_split(m->attn_first[t->n], 1, ith, nth, &w0, &w1);
+    for (int w = w0; w < w1; w++) {
+        while (m->attn_first[i + 1] <= w) i++;
+        const int spans = attn_spans(t->pos[i]), item = w - m->attn_first[i];
+        const int kvh = item / spans, span = item % spans;
+        const int p0 = span * ATTN_SPAN, len = t->pos[i] + 1;
+        const int count = len - p0 < ATTN_SPAN ? len - p0 : ATTN_SPAN;
+        for (int j = 0; j < count; j++) {
+            const size_t row = layer_off + slot_of(t, t->seq[i], p0 + j) * kvd + (size_t)kvh * hd;
+            kp[j] = m->k_cache + row;
+            vp[j] = m->v_cache + row;
+        }
+        for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += HS_ATTN_GROUP) {
+            const int left = (kvh + 1) * group - h0, ng = left < HS_ATTN_GROUP ? left : HS_ATTN_GROUP;
+            float *out = m->att + (size_t)i * c->n_head * hd + (size_t)h0 * hd;
+            float *acc = spans == 1 ? out : m->span_acc + (size_t)ith * HS_ATTN_GROUP * hd;
+            for (int g = 0; g < ng; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
+            memset(acc, 0, sizeof(float) * (size_t)ng * hd);
+            m->k->attend_f16(hd, ng, scale, m->q + (size_t)i * c->n_head * hd + (size_t)h0 * hd,
+                             kp, vp, count, mx, sum, acc);
+            for (int g = 0; g < ng; g++) {
+                if (spans == 1) {
+                    for (int d = 0; d < hd; d++) out[(size_t)g * hd + d] /= sum[g];
+                    continue;
+                }
+                /* head h0 + g of this span: its output, then its running max and sum */
+                float *part = m->partial + m->attn_part[i]
+                            + ((size_t)span * c->n_head + h0 + g) * (hd + 2);
+                memcpy(part, acc + (size_t)g * hd, sizeof(float) * (size_t)hd);
+                part[hd] = mx[g];
+                part[hd + 1] = sum[g];
+            }
+        }
+    }
+}
+
+/* Each (token, head) of a token with several spans: the spans' outputs weighted by
+ * exp(span max - overall max), over their sums weighted the same way, in span order. */
+static void attn_combine(void *p, int ith, int nth) {
+    const attn_ctx *t = p;
+    hs_model *m = t->m;
+    const hs_config *c = &m->c;
+    const int hd = c->head_dim;
     int w0, w1;
     hs_split(t->n * c->n_head, 1, ith, nth, &w0, &w1);
-    float *scores = m->scores + (size_t)ith * m->scores_len; /* holds max_blocks x block_size */
     for (int w = w0; w < w1; w++) {
-        const int i = w / c->n_head, h = w % c->n_head, kvh = h / group;
-        const int len = t->pos[i] + 1;
-        const float *q = m->q + (size_t)i * c->n_head * hd + (size_t)h * hd;
-        float max = -INFINITY;
-        for (int p2 = 0; p2 < len; p2++) {
-            const hs_fp16 *k = m->k_cache + layer_off + slot_of(t, t->seq[i], p2) * kvd + (size_t)kvh * hd;
-            const float s = m->k->dot_f16(hd, k, q) * scale;
-            scores[p2] = s;
-            if (s > max) max = s;
-        }
-        float sum = 0.0f;
-        for (int p2 = 0; p2 < len; p2++) {
-            scores[p2] = expf(scores[p2] - max);
-            sum += scores[p2];
-        }
+        const int i = w / c->n_head, h = w % c->n_head, spans = attn_spans(t->pos[i]);
+        if (spans == 1) continue;
+        const float *first = m->partial + m->attn_part[i] + (size_t)h * (hd + 2);
+        const size_t step = (size_t)c->n_head * (hd + 2); /* from one span to the next */
+        float max = -INFINITY, total = 0.0f;
+        for (int s = 0; s < spans; s++)
+            if (first[s * step + hd] > max) max = first[s * step + hd];
         float *out = m->att + (size_t)i * c->n_head * hd + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * 4);
-        for (int p2 = 0; p2 < len; p2++) {
-            const hs_fp16 *v = m->v_cache + layer_off + slot_of(t, t->seq[i], p2) * kvd + (size_t)kvh * hd;
-            m->k->axpy_f16(hd, scores[p2] / sum, v, out);
+        memset(out, 0, sizeof(float) * (size_t)hd);
+        for (int s = 0; s < spans; s++) {
+            const float *part = first + s * step, weight = expf(part[hd] - max);
+            total += part[hd + 1] * weight;
+            for (int d = 0; d < hd; d++) out[d] += weight * part[d];
         }
+        for (int d = 0; d < hd; d++) out[d] /= total;
     }
 }
 
@@ -543,7 +616,11 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
                         const int32_t *seq, const int32_t *block_tables, int max_blocks,
                         const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    if (grow(m, n) != 0 || grow_scores(m, max_blocks * m->block_size) != 0) return -1;
+    if (grow(m, n) != 0) return -1;
+    const int attn_items = attn_plan(m, n, pos);
+    if (attn_items < 0) return -1;
+    int several = 0; /* a token with more than one span: its spans are combined */
+    for (int i = 0; i < n; i++) several |= attn_spans(pos[i]) > 1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
@@ -572,6 +649,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
         matmul3(m, n, m->xb, d, 1, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
         run_tokens(m, n, qkv_post_task, &tc);
         hs_pool_run(m->pool, attn_task, &at);
+        if (several) hs_pool_run(m->pool, attn_combine, &at);
         matmul3(m, n, m->att, qd, 0, &L->wo, m->xb, NULL, NULL, NULL, NULL);
         tc.norm = L->ffn_norm;
         tc.add = 1;

@@ -139,6 +139,16 @@ static void to_f16_ref(int n, const float *x, hs_fp16 *y) {
     for (int j = 0; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
+static void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, float *out) {
+    for (int g = 0; g < ng; g++) out[g] = dot_f16_ref(hd, k, q + (size_t)g * hd);
+}
+
+static void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, float *acc) {
+    for (int g = 0; g < ng; g++) axpy_f16_ref(hd, w[g], v, acc + (size_t)g * hd);
+}
+
+#include "attend.h"
+
 GGUF_MM(mm_q4_0_ref, dot_q4_0_ref, NULL)
 GGUF_MM(mm_q4_1_ref, dot_q4_1_ref, NULL)
 GGUF_MM(mm_q8_0_ref, dot_q8_0_ref, NULL)
@@ -154,6 +164,7 @@ const hs_kernels hs_kernels_ref = { /* no batched forms: the plain loops are the
     .dot_f32 = dot_f32_ref,
     .axpy_f16 = axpy_f16_ref,
     .to_f16 = to_f16_ref,
+    .attend_f16 = attend_f16,
 };
 
 void hs_quantize_row_q8_0(const float *x, block_q8_0 *y, int n) {

@@ -95,4 +95,36 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
     for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
+/* attend.h's row primitives: each fp16 row converted once for the whole group. */
+static inline void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, float *out) {
+    __m256 a[HS_ATTN_GROUP];
+    for (int g = 0; g < ng; g++) a[g] = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= hd; j += 8) {
+        const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k + j)));
+        for (int g = 0; g < ng; g++)
+            a[g] = _mm256_fmadd_ps(kv, _mm256_loadu_ps(q + (size_t)g * hd + j), a[g]);
+    }
+    for (int g = 0; g < ng; g++) {
+        float sum = hsum_ps(a[g]);
+        for (int t = j; t < hd; t++) sum += hs_f16(k[t]) * q[(size_t)g * hd + t];
+        out[g] = sum;
+    }
+}
+
+static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, float *acc) {
+    int j = 0;
+    for (; j + 8 <= hd; j += 8) {
+        const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + j)));
+        for (int g = 0; g < ng; g++) {
+            float *y = acc + (size_t)g * hd + j;
+            _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_set1_ps(w[g]), vv, _mm256_loadu_ps(y)));
+        }
+    }
+    for (; j < hd; j++)
+        for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
+}
+
+#include "attend.h"
+
 #endif

@@ -26,6 +26,44 @@ static float frand(unsigned *s) {
     return ((float)((*s >> 8) & 0xffff) / 32768.0f) - 1.0f;
 }
 
+/* attend_f16 of a variant against the reference: head widths with and without a SIMD tail (68
+ * and 66), one to eight query heads, positions past one internal span (64), continued from a
+ * first call as the engine continues over spans. */
+static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *seed) {
+    enum { HD = 68, COUNT = 150, G = 8 };
+    static hs_fp16 kv[2][COUNT][HD];
+    static float q[G * HD];
+    const hs_fp16 *kp[COUNT], *vp[COUNT];
+    for (int p = 0; p < COUNT; p++) {
+        for (int d = 0; d < HD; d++) {
+            kv[0][p][d] = hs_fp32_to_fp16(frand(seed));
+            kv[1][p][d] = hs_fp32_to_fp16(frand(seed));
+        }
+        kp[p] = kv[0][p];
+        vp[p] = kv[1][p];
+    }
+    for (int i = 0; i < G * HD; i++) q[i] = 2.0f * frand(seed);
+    const int widths[2] = {68, 66}, groups[3] = {1, 3, 8};
+    int ok = 1;
+    for (int wi = 0; wi < 2; wi++)
+        for (int gi = 0; gi < 3; gi++) {
+            const int hd = widths[wi], ng = groups[gi];
+            float m1[G], l1[G], a1[G * HD] = {0}, m2[G], l2[G], a2[G * HD] = {0};
+            for (int g = 0; g < ng; g++) m1[g] = m2[g] = -INFINITY, l1[g] = l2[g] = 0.0f;
+            /* 100 positions, then 50 more: the running max and sum carry over */
+            k->attend_f16(hd, ng, 0.125f, q, kp, vp, 100, m1, l1, a1);
+            k->attend_f16(hd, ng, 0.125f, q, kp + 100, vp + 100, COUNT - 100, m1, l1, a1);
+            ref->attend_f16(hd, ng, 0.125f, q, kp, vp, COUNT, m2, l2, a2);
+            for (int g = 0; g < ng; g++) {
+                ok &= fabsf(m1[g] - m2[g]) <= 1e-4f * (fabsf(m2[g]) + 1.0f);
+                ok &= fabsf(l1[g] - l2[g]) <= 1e-4f * l2[g];
+                for (int d = 0; d < hd; d++) /* outputs: weighted means of values in [-1, 1] */
+                    ok &= fabsf(a1[g * hd + d] / l1[g] - a2[g * hd + d] / l2[g]) <= 1e-4f;
+            }
+        }
+    check(ok, "attend_f16", k->name);
+}
+
 int main(void) {
     /* 544 columns: 17 blocks, a partial group for the packed x86 layout; 1, 3, 6 and 21
      * activation rows: the one-row products, an odd column, a second column tile, and a 16-row
@@ -96,6 +134,7 @@ int main(void) {
             k->axpy_f16(COLS, 0.5f, h, y1);
             ref->axpy_f16(COLS, 0.5f, h, y2);
             check(memcmp(y1, y2, sizeof y1) == 0 || fabsf(y1[7] - y2[7]) < 1e-6f, "axpy_f16", k->name);
+            test_attend(k, ref, &seed);
         }
     }
     printf("variants: %s; selected: %s\n", hs_kernels_available(), hs_kernels_select()->name);
