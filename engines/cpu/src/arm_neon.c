@@ -3,7 +3,6 @@
  * ARMv8.6 SMMLA 2x2 int8 matrix multiply (Kunpeng 920B, Neoverse N2/V1). Compiled with
  * -march=armv8-a, -march=armv8.2-a+dotprod or -march=armv8.2-a+dotprod+i8mm. */
 #include <arm_neon.h>
-#include <math.h>
 
 #include "gguf_layout.h"
 
@@ -167,30 +166,6 @@ static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, f
     }
     for (; j < hd; j++)
         for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
-}
-
-/* exp of 4 values <= 0: Cephes' expf (x = n ln2 + r, a degree-5 polynomial in r, times 2^n);
- * inputs below -87 give exp(-87) (1.6e-38) instead of a denormal or 0. */
-static inline float32x4_t exp_f32(float32x4_t x) {
-    x = vmaxq_f32(x, vdupq_n_f32(-87.0f));
-    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
-    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
-    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
-    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
-    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
-    const float32x4_t y = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
-    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
-    return vmulq_f32(y, vreinterpretq_f32_s32(e));
-}
-
-static inline void exps(float *x, int n) {
-    int i = 0;
-    for (; i + 4 <= n; i += 4) vst1q_f32(x + i, exp_f32(vld1q_f32(x + i)));
-    for (; i < n; i++) x[i] = expf(x[i]);
 }
 
 #include "attend.h"

@@ -4,7 +4,6 @@
  * variant after it defines its two row primitives:
  *   dots_f16(hd, k, q, ng, out)    out[g] = q[g] . k for the ng query rows q (hd floats apart)
  *   axpys_f16(hd, v, w, ng, acc)   acc[g] += w[g] * v for the ng accumulators (hd floats apart)
- *   exps(x, n)                     x[i] = exp(x[i]) for x[i] <= 0 (within 2 ulp of expf)
  */
 #ifndef HS_ATTEND_H
 #define HS_ATTEND_H
@@ -16,30 +15,28 @@
 static void attend_f16(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                        const hs_fp16 *const *v, int count, float *m, float *l, float *acc) {
     float s[HS_ATTN_SPAN * HS_ATTN_GROUP]; /* [position][head] */
-    float max[HS_ATTN_GROUP];
     for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
         const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
         for (int p = 0; p < n; p++) dots_f16(hd, k[p0 + p], q, ng, s + p * ng);
-        for (int g = 0; g < ng; g++) max[g] = m[g];
-        for (int p = 0; p < n; p++)
-            for (int g = 0; g < ng; g++) {
-                const float x = s[p * ng + g] * scale;
-                s[p * ng + g] = x;
-                if (x > max[g]) max[g] = x;
-            }
-        for (int p = 0; p < n; p++)
-            for (int g = 0; g < ng; g++) s[p * ng + g] -= max[g];
-        exps(s, n * ng); /* every one <= 0 */
         for (int g = 0; g < ng; g++) {
-            const float rescale = expf(m[g] - max[g]); /* 0 on the first span (m = -inf) */
+            float max = m[g];
+            for (int p = 0; p < n; p++) {
+                s[p * ng + g] *= scale;
+                if (s[p * ng + g] > max) max = s[p * ng + g];
+            }
+            const float rescale = expf(m[g] - max); /* 0 on the first span (m = -inf) */
             if (rescale != 1.0f) {
                 l[g] *= rescale;
                 for (int d = 0; d < hd; d++) acc[(size_t)g * hd + d] *= rescale;
             }
             float sum = 0.0f;
-            for (int p = 0; p < n; p++) sum += s[p * ng + g];
+            for (int p = 0; p < n; p++) {
+                const float e = expf(s[p * ng + g] - max);
+                s[p * ng + g] = e;
+                sum += e;
+            }
             l[g] += sum;
-            m[g] = max[g];
+            m[g] = max;
         }
         for (int p = 0; p < n; p++) axpys_f16(hd, v[p0 + p], s + p * ng, ng, acc);
     }

@@ -147,10 +147,6 @@ static void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, float *a
     for (int g = 0; g < ng; g++) axpy_f16_ref(hd, w[g], v, acc + (size_t)g * hd);
 }
 
-static void exps(float *x, int n) {
-    for (int i = 0; i < n; i++) x[i] = expf(x[i]);
-}
-
 #include "attend.h"
 
 GGUF_MM(mm_q4_0_ref, dot_q4_0_ref, NULL)

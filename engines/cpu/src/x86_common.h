@@ -5,7 +5,6 @@
 #define HS_X86_COMMON_H
 
 #include <immintrin.h>
-#include <math.h>
 
 #include "kernels.h"
 
@@ -124,31 +123,6 @@ static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, f
     }
     for (; j < hd; j++)
         for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
-}
-
-/* exp of 8 values <= 0: Cephes' expf (x = n ln2 + r, a degree-5 polynomial in r, times 2^n);
- * inputs below -87 give exp(-87) (1.6e-38) instead of a denormal or 0. */
-static inline __m256 exp_ps(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-static inline void exps(float *x, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_ps(_mm256_loadu_ps(x + i)));
-    for (; i < n; i++) x[i] = expf(x[i]);
 }
 
 #include "attend.h"
