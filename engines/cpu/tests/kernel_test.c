@@ -28,7 +28,7 @@ static float frand(unsigned *s) {
 
 /* attend_f16 of a variant against the reference: head widths with and without a SIMD tail (68
  * and 66), one to eight query heads, positions past one internal span (64), continued from a
- * first call as the engine continues over spans. */
+ * first call as the engine continues over spans, scores close together and far apart. */
 static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *seed) {
     enum { HD = 68, COUNT = 150, G = 8 };
     static hs_fp16 kv[2][COUNT][HD];
@@ -44,16 +44,19 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     }
     for (int i = 0; i < G * HD; i++) q[i] = 2.0f * frand(seed);
     const int widths[2] = {68, 66}, groups[3] = {1, 3, 8};
+    const float scales[2] = {0.125f, 8.0f}; /* the second: scores hundreds apart, exp underflows */
     int ok = 1;
+    for (int si = 0; si < 2; si++)
     for (int wi = 0; wi < 2; wi++)
         for (int gi = 0; gi < 3; gi++) {
             const int hd = widths[wi], ng = groups[gi];
+            const float scale = scales[si];
             float m1[G], l1[G], a1[G * HD] = {0}, m2[G], l2[G], a2[G * HD] = {0};
             for (int g = 0; g < ng; g++) m1[g] = m2[g] = -INFINITY, l1[g] = l2[g] = 0.0f;
             /* 100 positions, then 50 more: the running max and sum carry over */
-            k->attend_f16(hd, ng, 0.125f, q, kp, vp, 100, m1, l1, a1);
-            k->attend_f16(hd, ng, 0.125f, q, kp + 100, vp + 100, COUNT - 100, m1, l1, a1);
-            ref->attend_f16(hd, ng, 0.125f, q, kp, vp, COUNT, m2, l2, a2);
+            k->attend_f16(hd, ng, scale, q, kp, vp, 100, m1, l1, a1);
+            k->attend_f16(hd, ng, scale, q, kp + 100, vp + 100, COUNT - 100, m1, l1, a1);
+            ref->attend_f16(hd, ng, scale, q, kp, vp, COUNT, m2, l2, a2);
             for (int g = 0; g < ng; g++) {
                 ok &= fabsf(m1[g] - m2[g]) <= 1e-4f * (fabsf(m2[g]) + 1.0f);
                 ok &= fabsf(l1[g] - l2[g]) <= 1e-4f * l2[g];
