@@ -187,10 +187,13 @@ def test_q8_0_requantization_stays_close(loaded):
     requantized = requantized_model("q8_0", config)
     ids = [t for p in PROMPTS[:4] for t in tok.encode(p)]
     ours, theirs = forward_all(requantized, ids[:64]), forward_all(model, ids[:64])
+    # 8-bit weights from 4-bit ones: every row's logits correlate at 0.995-0.998 and next tokens
+    # differ only at near-ties, 54-58 of 64 — which near-ties flip depends on each kernel
+    # variant's activation rounding (measured on reference, avx2, avx512vnni and amx), so the
+    # floors leave room: a wrong requantization falls far below both.
     for row in range(len(ours)):
-        assert np.corrcoef(ours[row], theirs[row])[0, 1] > 0.995
-    # 8-bit weights from 4-bit ones: next tokens differ only at near-ties (57 of 64 here)
-    assert np.mean(ours.argmax(axis=1) == theirs.argmax(axis=1)) >= 0.85
+        assert np.corrcoef(ours[row], theirs[row])[0, 1] > 0.99
+    assert np.mean(ours.argmax(axis=1) == theirs.argmax(axis=1)) >= 0.8
 
 
 @pytest.mark.llamacpp
