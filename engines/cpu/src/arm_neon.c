@@ -106,40 +106,8 @@ static void dot_q8_0(int nb, const void *w, size_t stride, int nrows, const bloc
     for (int r = 0; r < nrows; r++) out[r] = vaddvq_f32(acc[r]);
 }
 
-static float dot_f16(int n, const hs_fp16 *w, const float *x) {
-    float32x4_t acc = vdupq_n_f32(0);
-    int j = 0;
-    for (; j + 4 <= n; j += 4)
-        acc = vfmaq_f32(acc, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(w + j))), vld1q_f32(x + j));
-    float sum = vaddvq_f32(acc);
-    for (; j < n; j++) sum += hs_f16(w[j]) * x[j];
-    return sum;
-}
-
-static float dot_f32(int n, const float *w, const float *x) {
-    float32x4_t acc = vdupq_n_f32(0);
-    int j = 0;
-    for (; j + 4 <= n; j += 4) acc = vfmaq_f32(acc, vld1q_f32(w + j), vld1q_f32(x + j));
-    float sum = vaddvq_f32(acc);
-    for (; j < n; j++) sum += w[j] * x[j];
-    return sum;
-}
-
-static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
-    int j = 0;
-    for (; j + 4 <= n; j += 4)
-        vst1q_f32(y + j, vfmaq_n_f32(vld1q_f32(y + j),
-                                     vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(x + j))), a));
-    for (; j < n; j++) y[j] += a * hs_f16(x[j]);
-}
-
-static void to_f16(int n, const float *x, hs_fp16 *y) { /* FPCR's default: nearest even */
-    int j = 0;
-    for (; j + 4 <= n; j += 4) vst1_u16(y + j, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + j))));
-    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
-}
-
-/* attend.h's row primitives: each fp16 row converted once for the whole group. */
+/* Products with fp16 rows: each row converted once for ng float rows (attend.h's primitives,
+ * grouped-query attention); the single dot is their ng = 1 case. */
 static inline void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, float *out) {
     float32x4_t a[HS_ATTN_GROUP];
     for (int g = 0; g < ng; g++) a[g] = vdupq_n_f32(0);
@@ -166,6 +134,27 @@ static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, f
     }
     for (; j < hd; j++)
         for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
+}
+
+static float dot_f16(int n, const hs_fp16 *w, const float *x) {
+    float out;
+    dots_f16(n, w, x, 1, &out);
+    return out;
+}
+
+static float dot_f32(int n, const float *w, const float *x) {
+    float32x4_t acc = vdupq_n_f32(0);
+    int j = 0;
+    for (; j + 4 <= n; j += 4) acc = vfmaq_f32(acc, vld1q_f32(w + j), vld1q_f32(x + j));
+    float sum = vaddvq_f32(acc);
+    for (; j < n; j++) sum += w[j] * x[j];
+    return sum;
+}
+
+static void to_f16(int n, const float *x, hs_fp16 *y) { /* FPCR's default: nearest even */
+    int j = 0;
+    for (; j + 4 <= n; j += 4) vst1_u16(y + j, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + j))));
+    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
 #include "attend.h"

@@ -242,7 +242,7 @@ NB_MODULE(_kernels, mod) {
        "one token per row of logits (greedy when temperature <= 1e-6), as Model.sample draws them");
     mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
     mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
-            nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 2);
+            nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 0);
     nb::class_<Pool>(mod, "Pool")
         .def(nb::init<const std::vector<int> &, int, bool>(), nb::arg("cpus"), nb::arg("threads"),
              nb::arg("pin_caller") = false)

@@ -44,7 +44,7 @@ static inline void gguf_mm(hs_dot_fn dot, hs_gemm_fn gemm, int nb, const void *w
     static const hs_kernels table = {                                                           \
         .name = NAME, .act_bytes = gguf_act_bytes, .quantize_act = quantize_act,                 \
         .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1, .mm_q8_0 = mm_q8_0, .dot_f16 = dot_f16,           \
-        .dot_f32 = dot_f32, .axpy_f16 = axpy_f16, .to_f16 = to_f16,                               \
+        .dot_f32 = dot_f32, .to_f16 = to_f16,                                                    \
         .attend_f16 = attend_f16,                                                                \
     };                                                                                           \
     const hs_kernels *GETTER(void) { return &table; }

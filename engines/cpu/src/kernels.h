@@ -32,8 +32,6 @@ typedef struct {
     hs_wide_fn wide_q4_0, wide_q4_1, wide_q8_0; /* optional */
     float (*dot_f16)(int n, const hs_fp16 *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
-    /* y[j] += a * x[j] over fp16 x: the attention's weighted sum of cached V rows. */
-    void (*axpy_f16)(int n, float a, const hs_fp16 *x, float *y);
     /* fp32 -> fp16, round to nearest even: K/V rows into the cache. */
     void (*to_f16)(int n, const float *x, hs_fp16 *y);
     /* Attention of ng (1..HS_ATTN_GROUP) query heads that share one KV head (q: ng rows of hd)

@@ -419,7 +419,8 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
 
 static int attn_spans(int32_t pos) { return (pos + ATTN_SPAN) / ATTN_SPAN; }
 
-/* Items and partial offsets of the step; returns the item count, -1 when out of memory. */
+/* Items and partial offsets of the step. Returns 1 when a token has several spans (they need
+ * attn_combine), 0 when none has, -1 when out of memory. */
 static int attn_plan(hs_model *m, int n, const int32_t *pos) {
     const hs_config *c = &m->c;
     const size_t per_span = (size_t)c->n_head * (c->head_dim + 2);
@@ -439,7 +440,7 @@ static int attn_plan(hs_model *m, int n, const int32_t *pos) {
         m->partial_cap = m->partial ? part : 0;
         if (!m->partial) return -1;
     }
-    return items;
+    return part > 0;
 }
 
 static void attn_task(void *p, int ith, int nth) {
@@ -616,11 +617,8 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
                         const int32_t *seq, const int32_t *block_tables, int max_blocks,
                         const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    if (grow(m, n) != 0) return -1;
-    const int attn_items = attn_plan(m, n, pos);
-    if (attn_items < 0) return -1;
-    int several = 0; /* a token with more than one span: its spans are combined */
-    for (int i = 0; i < n; i++) several |= attn_spans(pos[i]) > 1;
+    const int several = grow(m, n) == 0 ? attn_plan(m, n, pos) : -1; /* spans to combine */
+    if (several < 0) return -1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */

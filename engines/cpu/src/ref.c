@@ -162,7 +162,6 @@ const hs_kernels hs_kernels_ref = { /* no batched forms: the plain loops are the
     .mm_q8_0 = mm_q8_0_ref,
     .dot_f16 = dot_f16_ref,
     .dot_f32 = dot_f32_ref,
-    .axpy_f16 = axpy_f16_ref,
     .to_f16 = to_f16_ref,
     .attend_f16 = attend_f16,
 };

@@ -1,6 +1,6 @@
 /* Pieces shared by the x86 variants (each .c is compiled with its own -m flags, so these are
  * static inline and instantiated per variant): horizontal sums, activation quantization of one
- * block, fp16/fp32 dot products and the fp16 axpy of attention. */
+ * block, fp16/fp32 dot products and the grouped fp16 products of attention. */
 #ifndef HS_X86_COMMON_H
 #define HS_X86_COMMON_H
 
@@ -59,43 +59,8 @@ static inline void quantize_act(const float *x, void *out, int n) {
     }
 }
 
-static float dot_f16(int n, const hs_fp16 *w, const float *x) {
-    __m256 acc = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + j))),
-                              _mm256_loadu_ps(x + j), acc);
-    float sum = hsum_ps(acc);
-    for (; j < n; j++) sum += hs_f16(w[j]) * x[j];
-    return sum;
-}
-
-static float dot_f32(int n, const float *w, const float *x) {
-    __m256 acc = _mm256_setzero_ps();
-    int j = 0;
-    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), acc);
-    float sum = hsum_ps(acc);
-    for (; j < n; j++) sum += w[j] * x[j];
-    return sum;
-}
-
-static void axpy_f16(int n, float a, const hs_fp16 *x, float *y) {
-    const __m256 va = _mm256_set1_ps(a);
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(y + j, _mm256_fmadd_ps(va, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + j))),
-                                                _mm256_loadu_ps(y + j)));
-    for (; j < n; j++) y[j] += a * hs_f16(x[j]);
-}
-
-static void to_f16(int n, const float *x, hs_fp16 *y) {
-    int j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm_storeu_si128((__m128i *)(y + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
-    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
-}
-
-/* attend.h's row primitives: each fp16 row converted once for the whole group. */
+/* Products with fp16 rows: each row converted once for ng float rows (attend.h's primitives,
+ * grouped-query attention); the single dot is their ng = 1 case. */
 static inline void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, float *out) {
     __m256 a[HS_ATTN_GROUP];
     for (int g = 0; g < ng; g++) a[g] = _mm256_setzero_ps();
@@ -123,6 +88,28 @@ static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, f
     }
     for (; j < hd; j++)
         for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
+}
+
+static float dot_f16(int n, const hs_fp16 *w, const float *x) {
+    float out;
+    dots_f16(n, w, x, 1, &out);
+    return out;
+}
+
+static float dot_f32(int n, const float *w, const float *x) {
+    __m256 acc = _mm256_setzero_ps();
+    int j = 0;
+    for (; j + 8 <= n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + j), _mm256_loadu_ps(x + j), acc);
+    float sum = hsum_ps(acc);
+    for (; j < n; j++) sum += w[j] * x[j];
+    return sum;
+}
+
+static void to_f16(int n, const float *x, hs_fp16 *y) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm_storeu_si128((__m128i *)(y + j), _mm256_cvtps_ph(_mm256_loadu_ps(x + j), _MM_FROUND_TO_NEAREST_INT));
+    for (; j < n; j++) y[j] = hs_fp32_to_fp16(x[j]);
 }
 
 #include "attend.h"

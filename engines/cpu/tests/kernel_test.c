@@ -133,10 +133,12 @@ int main(void) {
             for (int j = 0; j < COLS; j++) h[j] = hs_fp32_to_fp16(w[j]);
             const float a = k->dot_f16(COLS, h, x), b = ref->dot_f16(COLS, h, x);
             check(fabsf(a - b) <= 1e-3f * (fabsf(b) + 1.0f), "dot_f16", k->name);
-            float y1[COLS] = {0}, y2[COLS] = {0};
-            k->axpy_f16(COLS, 0.5f, h, y1);
-            ref->axpy_f16(COLS, 0.5f, h, y2);
-            check(memcmp(y1, y2, sizeof y1) == 0 || fabsf(y1[7] - y2[7]) < 1e-6f, "axpy_f16", k->name);
+            /* one cached position: its V row comes out converted exactly (weight exp(0) = 1) */
+            float y1[COLS] = {0}, y2[COLS] = {0}, m1 = -INFINITY, m2 = -INFINITY, l1 = 0, l2 = 0;
+            const hs_fp16 *row = h;
+            k->attend_f16(COLS, 1, 0.1f, x, &row, &row, 1, &m1, &l1, y1);
+            ref->attend_f16(COLS, 1, 0.1f, x, &row, &row, 1, &m2, &l2, y2);
+            check(memcmp(y1, y2, sizeof y1) == 0 || fabsf(y1[7] - y2[7]) < 1e-6f, "attend_f16: one V row", k->name);
             test_attend(k, ref, &seed);
         }
     }
