@@ -156,6 +156,66 @@ static inline __m512 group_scales(const hs_fp16 *d, __mmask8 m, int whole) {
 
 enum { Q4_0, Q4_1, Q8_0 };
 
+/* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
+ * load without masks) of R weight rows x C activation rows into the tile's accumulators. */
+static inline __attribute__((always_inline)) void group_step(
+    const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4], __m128 mins[4][4]) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const int ng = (nb + GROUP - 1) / GROUP;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
+    const __mmask8 dm = (__mmask8)((1u << t) - 1);
+    __m512i wl[4], wh[4];
+    __m512 dw[4];
+    __m128 mw[4];
+    for (int r = 0; r < R; r++) {
+        const uint8_t *row = w + (size_t)r * wstride;
+        const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
+        if (kind == Q8_0) {
+            const uint8_t *q = row + (size_t)g * GROUP * 32;
+            _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
+            _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
+            wl[r] = t == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);
+            wh[r] = t == GROUP ? _mm512_loadu_si512(q + 64) : _mm512_maskz_loadu_epi8(qm, q + t * 16);
+        } else {
+            /* the stream runs ahead of the hardware prefetcher's reach between tiles */
+            const uint8_t *q = row + (size_t)g * GROUP * 16;
+            _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
+            const __m512i raw = t == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);
+            wl[r] = _mm512_and_si512(raw, low4);
+            wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+        if (g % 8 == 0) { /* the scales' (and minimums') next line, as far ahead */
+            _mm_prefetch((const char *)(d + g * GROUP) + PREFETCH, PF_HINT);
+            if (kind == Q4_1)
+                _mm_prefetch((const char *)(d + nb + g * GROUP) + PREFETCH, PF_HINT);
+        }
+        dw[r] = group_scales(d + g * GROUP, dm, t == GROUP);
+        if (kind == Q4_1)
+            mw[r] = _mm_cvtph_ps(t == GROUP ? _mm_loadl_epi64((const __m128i *)(d + nb + g * GROUP))
+                                            : _mm_maskz_loadu_epi16(dm, d + nb + g * GROUP));
+    }
+    for (int c = 0; c < C; c++) {
+        const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
+        const act_group *y = arow + g;
+        const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);
+        const __m512 yd = _mm512_load_ps(y->d);
+        for (int r = 0; r < R; r++) {
+            __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)
+                      : kind == Q8_0 ? _mm512_load_si512(act_off8(arow, ng, g))
+                                     : _mm512_setzero_si512();
+            s = _mm512_dpbusd_epi32(s, wl[r], ylo);
+            s = _mm512_dpbusd_epi32(s, wh[r], yhi);
+            acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r],
+                                        acc[r][c]);
+            if (kind == Q4_1)
+                mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(arow, ng, g)),
+                                          mins[r][c]);
+        }
+    }
+}
+
 /* R weight rows x C activation rows, all constants after inlining: the accumulators live in
  * registers. Per group and pair: two vpdpbusd, one convert, one multiply, one FMA. */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
@@ -169,69 +229,11 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
             acc[r][c] = _mm512_setzero_ps();
             mins[r][c] = _mm_setzero_ps();
         }
-    const size_t qbytes = kind == Q8_0 ? 32 : 16;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
-    /* One group of t blocks: whole groups (t == GROUP, a constant) load without masks; only a
-     * partial last group pays for them. */
-#define GROUP_STEP(g, t)                                                                          \
-    do {                                                                                          \
-        const __mmask64 qm = (t) == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * (t))) - 1);  \
-        const __mmask8 dm = (__mmask8)((1u << (t)) - 1);                                          \
-        __m512i wl[4], wh[4];                                                                     \
-        __m512 dw[4];                                                                             \
-        __m128 mw[4];                                                                             \
-        for (int r = 0; r < R; r++) {                                                             \
-            const uint8_t *row = w + (size_t)r * wstride;                                         \
-            const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);                      \
-            if (kind == Q8_0) {                                                                   \
-                const uint8_t *q = row + (size_t)(g) * GROUP * 32;                                \
-                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);                                \
-                _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);                           \
-                wl[r] = (t) == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);    \
-                wh[r] = (t) == GROUP ? _mm512_loadu_si512(q + 64)                                 \
-                                     : _mm512_maskz_loadu_epi8(qm, q + (t) * 16);                 \
-            } else {                                                                              \
-                /* the stream runs ahead of the hardware prefetcher's reach between tiles */      \
-                const uint8_t *q = row + (size_t)(g) * GROUP * 16;                                \
-                _mm_prefetch((const char *)q + PREFETCH, PF_HINT);                                \
-                const __m512i raw = (t) == GROUP ? _mm512_loadu_si512(q)                          \
-                                                 : _mm512_maskz_loadu_epi8(qm, q);                \
-                wl[r] = _mm512_and_si512(raw, low4);                                              \
-                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);                        \
-            }                                                                                     \
-            if ((g) % 8 == 0) { /* the scales' (and minimums') next line, as far ahead */       \
-                _mm_prefetch((const char *)(d + (g) * GROUP) + PREFETCH, PF_HINT);                \
-                if (kind == Q4_1)                                                                 \
-                    _mm_prefetch((const char *)(d + nb + (g) * GROUP) + PREFETCH, PF_HINT);       \
-            }                                                                                     \
-            dw[r] = group_scales(d + (g) * GROUP, dm, (t) == GROUP);                              \
-            if (kind == Q4_1)                                                                     \
-                mw[r] = _mm_cvtph_ps((t) == GROUP ? _mm_loadl_epi64((const __m128i *)(d + nb + (g) * GROUP)) \
-                                                  : _mm_maskz_loadu_epi16(dm, d + nb + (g) * GROUP)); \
-        }                                                                                         \
-        for (int c = 0; c < C; c++) {                                                             \
-            const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);   \
-            const act_group *y = arow + (g);                                                      \
-            const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);         \
-            const __m512 yd = _mm512_load_ps(y->d);                                               \
-            for (int r = 0; r < R; r++) {                                                         \
-                __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)                             \
-                          : kind == Q8_0 ? _mm512_load_si512(act_off8(arow, ng, (g)))             \
-                                         : _mm512_setzero_si512();                                \
-                s = _mm512_dpbusd_epi32(s, wl[r], ylo);                                           \
-                s = _mm512_dpbusd_epi32(s, wh[r], yhi);                                           \
-                acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r],      \
-                                            acc[r][c]);                                           \
-                if (kind == Q4_1)                                                                 \
-                    mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(arow, ng, (g))),        \
-                                              mins[r][c]);                                        \
-            }                                                                                     \
-        }                                                                                         \
-    } while (0)
-    for (int g = 0; g < full; g++) GROUP_STEP(g, GROUP);
-    if (full < ng) GROUP_STEP(full, nb - full * GROUP);
-#undef GROUP_STEP
+    for (int g = 0; g < full; g++)
+        group_step(kind, R, C, g, GROUP, nb, w, wstride, a, astride, acc, mins);
+    if (full < ng)
+        group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc, mins);
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) {
             float v = _mm512_reduce_add_ps(acc[r][c]);
