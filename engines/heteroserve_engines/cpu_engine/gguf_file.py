@@ -28,9 +28,10 @@ STRING, ARRAY = 8, 9
 MAX_STRING = 1 << 24   # a metadata string longer than this is a corrupt file, not a template
 MAX_ITEMS = 1 << 26
 LAZY_ITEMS = 1024     # arrays longer than this are kept raw until read
-# ggml types the engine loads as they are: id -> (name, elements per block, bytes per block)
-TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-         8: ("Q8_0", 32, 34)}
+# ggml type ids of the types the engine computes with (its own type ids are the same), and their
+# (elements, bytes) per block
+F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8
+BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34)}
 
 
 class GGUFFormatError(ValueError):
@@ -188,8 +189,8 @@ def _parse(path: Path, f: BinaryIO, size: int) -> GGUFFile:
 
 
 def _block_size(name: str, kind: int) -> tuple[int, int]:
-    if kind in TYPES:
-        return TYPES[kind][1:]
+    if kind in BLOCKS:
+        return BLOCKS[kind]
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     try:

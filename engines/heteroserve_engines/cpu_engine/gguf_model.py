@@ -16,11 +16,10 @@ from pathlib import Path
 
 import heteroserve_cpu
 
-from .gguf_file import GGUFFile, GGUFFormatError
+from .gguf_file import BLOCKS, F32, Q4_0, Q8_0, GGUFFile, GGUFFormatError
 
 ARCHITECTURES = {"llama": 0, "qwen2": 1}  # value: RoPE NeoX layout
-F32, F16, Q4_0, Q4_1, Q8_0 = 0, 1, 2, 3, 8  # ggml type ids; the engine's hs types are the same
-NATIVE = {F32, F16, Q4_0, Q4_1, Q8_0}
+NATIVE = set(BLOCKS)  # loaded as they are
 TARGETS = {"q8_0": Q8_0, "q4_0": Q4_0}
 LAYER_TENSORS = {"attn_q": 10, "attn_k": 11, "attn_v": 12, "attn_output": 13, "ffn_gate": 14,
                  "ffn_up": 15, "ffn_down": 16, "attn_norm": 17, "ffn_norm": 18}
