@@ -2,9 +2,9 @@
 at 1, 4, 8 and 16 sequences for each kernel variant, with and without transparent huge pages.
 
     .venv/bin/python -m tests.bench.cpu_engine_variants --model PATH [--threads N]
-        [--variants amx,avx512vnni] [--hugepages 1,0]
+        [--variants amx,avx512vnni] [--hugepages 1,0] [--nrc 0,1,2,4]
 
-Each configuration runs in its own process (HETEROSERVE_KERNELS / HETEROSERVE_HUGEPAGES set),
+Each configuration runs in its own process (HETEROSERVE_KERNELS / HETEROSERVE_HUGEPAGES / NRC set),
 pinned to the first N CPUs. A step: one token for each of the sequences, 32 positions into their
 context, logits for all of them; 16 steps, tokens/s, median of 3. This is where the claims of
 docs/benchmarks.md about one variant against another come from; llama.cpp is compared in
@@ -33,7 +33,7 @@ def worker(path: str, threads: int) -> dict:
     from heteroserve_engines.cpu_engine.gguf_model import load_model
 
     pool = hc.Pool(sorted(os.sched_getaffinity(0))[:threads], threads, pin_caller=True)
-    model, _config, _ = load_model(path, pool)
+    model, _config, _ = load_model(path, pool, nrc=int(os.environ.get("NRC") or "0"))
     per_seq = 8  # blocks of 16 positions
     model.alloc_kv(16 * per_seq, 16)
     tables = np.arange(16 * per_seq, dtype=np.int32).reshape(16, per_seq)
@@ -62,6 +62,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--variants", default="")
     parser.add_argument("--hugepages", default="1,0")
+    parser.add_argument("--nrc", default="0", help="rows per one-token product (0: by width)")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     if args.worker:
@@ -71,20 +72,23 @@ def main() -> int:
 
     variants = args.variants.split(",") if args.variants else [hc.selected_variant()]
     print(f"\nthreads: {args.threads}; model: {args.model}; tokens/s, median of 3\n")
-    print("| variant | huge pages | " + " | ".join(f"{b} seq" for b in BATCHES) + " |")
-    print("|---|---|" + "---|" * len(BATCHES))
+    print("| variant | huge pages | NRC | " + " | ".join(f"{b} seq" for b in BATCHES) + " |")
+    print("|---|---|---|" + "---|" * len(BATCHES))
     for variant in variants:
         for huge in args.hugepages.split(","):
-            env = dict(os.environ, HETEROSERVE_KERNELS=variant, HETEROSERVE_HUGEPAGES=huge)
-            out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_variants",
-                                  "--worker", "--model", args.model, "--threads",
-                                  str(args.threads)], env=env, capture_output=True, text=True,
-                                 check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            if r["variant"] != variant:
-                raise SystemExit(f"{variant} is not available here (got {r['variant']})")
-            print(f"| {variant} | {'on' if huge != '0' else 'off'} | "
-                  + " | ".join(f"{r[str(b)]:.1f}" for b in BATCHES) + " |")
+            for nrc in args.nrc.split(","):
+                env = dict(os.environ, HETEROSERVE_KERNELS=variant, HETEROSERVE_HUGEPAGES=huge,
+                           NRC=nrc)
+                out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_variants",
+                                      "--worker", "--model", args.model, "--threads",
+                                      str(args.threads)], env=env, capture_output=True,
+                                     text=True, check=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                if r["variant"] != variant:
+                    raise SystemExit(f"{variant} is not available here (got {r['variant']})")
+                print(f"| {variant} | {'on' if huge != '0' else 'off'} | "
+                      f"{nrc if nrc != '0' else 'by width'} | "
+                      + " | ".join(f"{r[str(b)]:.1f}" for b in BATCHES) + " |")
     return 0
 
 

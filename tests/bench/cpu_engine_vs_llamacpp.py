@@ -169,7 +169,9 @@ def measure(run, reset, vocab: int) -> dict[str, float]:
     return results
 
 
-def worker_heteroserve(model_path: str, threads: int) -> dict:
+def open_heteroserve(model_path: str, threads: int, context: int, sequences: int):
+    """(model, pool, config, run): `run(tokens, positions, seqs, logits_at)` runs one step and
+    returns the greedy next tokens, sampled in C; `sequences` sequences of `context` positions."""
     import heteroserve_cpu as hc
 
     from heteroserve_engines.cpu_engine.gguf_model import load_model
@@ -177,9 +179,10 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
     cpus = sorted(os.sched_getaffinity(0))[:threads]
     pool = hc.Pool(cpus, threads, pin_caller=True)
     model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC") or "0"))
-    per_seq = -(-(PROMPT + DECODE + 8) // 16)
-    model.alloc_kv(per_seq * 16, 16)
-    tables = memoryview(array("i", range(per_seq * 16))).cast("B").cast("i", (16, per_seq))
+    per_seq = -(-context // 16)
+    model.alloc_kv(per_seq * sequences, 16)
+    tables = memoryview(array("i", range(per_seq * sequences))).cast("B").cast(
+        "i", (sequences, per_seq))
 
     def run(tokens, positions, seqs, logits_at):
         rows = len(logits_at)
@@ -187,6 +190,13 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
                             array("i", logits_at), [0.0] * rows, [0] * rows, [1.0] * rows,
                             [0] * rows)[0]
 
+    return model, pool, config, run
+
+
+def worker_heteroserve(model_path: str, threads: int) -> dict:
+    import heteroserve_cpu as hc
+
+    model, pool, config, run = open_heteroserve(model_path, threads, PROMPT + DECODE + 8, 16)
     results = measure(run, lambda: None, config.n_vocab)
     results["weight_bytes"] = model.weight_bytes
     results["token_bytes"] = model.token_bytes
@@ -198,7 +208,9 @@ def worker_heteroserve(model_path: str, threads: int) -> dict:
     return results
 
 
-def worker_llamacpp(model_path: str, threads: int) -> dict:
+def open_llamacpp(model_path: str, threads: int, context: int, sequences: int):
+    """(run, reset, vocab, free) for llama.cpp through llama-cpp-python's C API, `run` as
+    open_heteroserve's (greedy: numpy's argmax over the logits)."""
     import llama_cpp as lc
     import numpy as np
 
@@ -206,15 +218,15 @@ def worker_llamacpp(model_path: str, threads: int) -> dict:
     mparams = lc.llama_model_default_params()
     model = lc.llama_model_load_from_file(model_path.encode(), mparams)
     cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 16 * (PROMPT + DECODE + 16)
+    cparams.n_ctx = sequences * context
     cparams.n_batch = cparams.n_ubatch = 512
-    cparams.n_seq_max = 16
+    cparams.n_seq_max = sequences
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.kv_unified = True
     ctx = lc.llama_init_from_model(model, cparams)
     vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
     memory = lc.llama_get_memory(ctx)
-    batch = lc.llama_batch_init(1024, 0, 16)
+    batch = lc.llama_batch_init(1024, 0, sequences)
 
     def run(tokens, positions, seqs, logits_at):
         want = set(logits_at)
@@ -228,9 +240,15 @@ def worker_llamacpp(model_path: str, threads: int) -> dict:
         return [int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i),
                                                     shape=(vocab,)))) for i in logits_at]
 
-    results = measure(run, lambda: lc.llama_memory_clear(memory, True), vocab)
+    return run, lambda: lc.llama_memory_clear(memory, True), vocab, lambda: lc.llama_batch_free(
+        batch)
+
+
+def worker_llamacpp(model_path: str, threads: int) -> dict:
+    run, reset, vocab, free = open_llamacpp(model_path, threads, PROMPT + DECODE + 16, 16)
+    results = measure(run, reset, vocab)
     results["rss_mib"] = peak_rss_mib()
-    lc.llama_batch_free(batch)
+    free()
     return results
 
 

@@ -4,8 +4,9 @@
 # sdist, tools/ pruned to llama-bench and llama-batched-bench), .whl (the gguf wheel) and
 # .bench-carry/smollm2-tokenizer.json (SmolLM2's tokenizer metadata: the model file is too large
 # to carry). Builds the engine wheel and llama.cpp (-march=native minus AMX, as on the development
-# machine), then runs tests.bench.cpu_engine_vs_llamacpp with llama.cpp's C++ tools as the peer.
-# Writes the table to $OUT/bench.txt (and prints it).
+# machine), then runs tests.bench.cpu_engine_vs_llamacpp and tests.bench.cpu_engine_long_context with
+# llama.cpp's C++ tools as the peer.
+# Writes the tables to $OUT/bench.txt and $OUT/long-context.txt (and prints them).
 set -euo pipefail
 threads=${THREADS:-$(nproc)}
 out=${OUT:-/tmp/out}
@@ -21,3 +22,7 @@ lscpu > "$out/lscpu.txt"
 HETEROSERVE_CACHE=/tmp/hs-cache PYTHONPATH=engines:. python3 -m tests.bench.cpu_engine_vs_llamacpp \
   --threads "$threads" --synthetic-only .bench-carry/smollm2-tokenizer.json \
   --llama-bin /tmp/llama-build/bin | tee "$out/bench.txt"
+HETEROSERVE_CACHE=/tmp/hs-cache PYTHONPATH=engines:. python3 -m tests.bench.cpu_engine_long_context \
+  --threads "$threads" --llama-bin /tmp/llama-build/bin \
+  --model /tmp/hs-cache/bench/synthetic-llama-135m-q4_0.gguf \
+  --model /tmp/hs-cache/bench/synthetic-llama-1.1b-q4_0.gguf | tee "$out/long-context.txt"

@@ -56,7 +56,7 @@ def test_long_arrays_stay_raw_until_read_and_other_types_use_gguf_sizes(tmp_path
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
 
-    from heteroserve_engines.cpu_engine.gguf_file import LAZY_ITEMS, RawArray
+    from heteroserve_engines.cpu_engine.gguf_file import BLOCKS, LAZY_ITEMS, RawArray
 
     path = tmp_path / "small.gguf"
     writer = GGUFWriter(str(path), "llama")
@@ -82,3 +82,6 @@ def test_long_arrays_stay_raw_until_read_and_other_types_use_gguf_sizes(tmp_path
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType.Q5_0]
     assert tensor.tensor_type == GGMLQuantizationType.Q5_0
     assert tensor.n_bytes == 2 * 64 // block * size
+    # the block sizes the engine keeps itself (so as not to import gguf) are gguf's
+    for kind, sizes in BLOCKS.items():
+        assert GGML_QUANT_SIZES[GGMLQuantizationType(kind)] == sizes
