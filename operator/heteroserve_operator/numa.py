@@ -11,11 +11,17 @@ Pure functions: topology in, plan out. No I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from heteroserve_engines.cpu_engine.affinity import AffinityError
-from heteroserve_engines.cpu_engine.affinity import parse_cpu_list as _engine_parse_cpu_list
+from heteroserve_engines.protocol.binding import (
+    CUSTOM_CPU_AFFINITY,
+    GOMP_CPU_AFFINITY,
+    OMP_NUM_THREADS,
+    CpuListError,
+    format_cpu_list,
+)
+from heteroserve_engines.protocol.binding import parse_cpu_list as _parse_cpu_list
 
 
 class NumaPlanError(ValueError):
@@ -25,27 +31,11 @@ class NumaPlanError(ValueError):
 def parse_cpu_list(text: str) -> list[int]:
     """Linux CPU list syntax, with the sysHAX step form: "0-3,8,10-20:2" -> sorted CPU ids.
 
-    The syntax is the engines' contract (CUSTOM_CPU_AFFINITY), so the engine's parser is the one
-    used here too."""
+    The syntax is the engines' contract (CUSTOM_CPU_AFFINITY): the contracts package parses it."""
     try:
-        return sorted(_engine_parse_cpu_list(text))
-    except AffinityError as error:
+        return sorted(_parse_cpu_list(text))
+    except CpuListError as error:
         raise NumaPlanError(str(error)) from None
-
-
-def format_cpu_list(cpus: Iterable[int]) -> str:
-    """Sorted CPU ids -> compact Linux CPU list ("0-29,40-69")."""
-    ordered = sorted(set(cpus))
-    ranges: list[str] = []
-    index = 0
-    while index < len(ordered):
-        start = end = ordered[index]
-        while index + 1 < len(ordered) and ordered[index + 1] == end + 1:
-            index += 1
-            end = ordered[index]
-        ranges.append(str(start) if start == end else f"{start}-{end}")
-        index += 1
-    return ",".join(ranges)
 
 
 @dataclass(frozen=True)
@@ -119,9 +109,9 @@ class NumaPlan:
         """OMP_NUM_THREADS with the affinity in both seeds' variables: sysHAX reads
         CUSTOM_CPU_AFFINITY, sysInfer (libgomp) reads GOMP_CPU_AFFINITY."""
         return {
-            "OMP_NUM_THREADS": str(self.threads),
-            "CUSTOM_CPU_AFFINITY": self.cpu_list,
-            "GOMP_CPU_AFFINITY": self.cpu_list,
+            OMP_NUM_THREADS: str(self.threads),
+            CUSTOM_CPU_AFFINITY: self.cpu_list,
+            GOMP_CPU_AFFINITY: self.cpu_list,
         }
 
 

@@ -197,8 +197,9 @@ def check_builtin_pd(cluster, ns, name):
     get_json(cluster, "poddisruptionbudget", f"{name}-decode", "-n", ns)
     router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
         "data"]["router.yaml"])
-    assert router["cpu"]["url"] == f"http://{name}-decode.{ns}.svc:8002"
-    assert router["accelerator"]["url"] == "http://127.0.0.1:8001"
+    assert router["cpu"]["urls"] == [f"http://{name}-decode.{ns}.svc:8002"]
+    assert router["cpu"]["discovery"] == "dns"
+    assert router["accelerator"]["urls"] == ["http://127.0.0.1:8001"]
 
 
 CHECKS = {

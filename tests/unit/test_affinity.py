@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from heteroserve_engines.cpu_engine.affinity import AffinityError, parse_cpu_list, resolve
+from heteroserve_engines.cpu_engine.affinity import AffinityError, resolve
+from heteroserve_engines.protocol.binding import CpuListError, parse_cpu_list
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def test_sysinfer_gomp_binding(kunpeng):
 
 def test_syshax_step_syntax():
     assert parse_cpu_list("0-6:2,40") == [0, 2, 4, 6, 40]
-    with pytest.raises(AffinityError, match="names a CPU twice"):
+    with pytest.raises(CpuListError, match="names a CPU twice"):
         parse_cpu_list("0-3,2")
 
 

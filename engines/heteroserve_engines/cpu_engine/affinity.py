@@ -16,6 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..protocol.binding import (
+    CUSTOM_CPU_AFFINITY,
+    GOMP_CPU_AFFINITY,
+    INFERENCE_OP_MODE,
+    OMP_NUM_THREADS,
+    CpuListError,
+    parse_cpu_list,
+)
+
 NODE_ROOT = Path("/sys/devices/system/node")
 
 
@@ -23,22 +32,11 @@ class AffinityError(ValueError):
     """The requested binding breaks a seed rule or names CPUs the process cannot use."""
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """"0-3,8,10-20:2" -> [0, 1, 2, 3, 8, 10, 12, ..., 20] (Linux list syntax + sysHAX step)."""
-    cpus: list[int] = []
-    for part in filter(None, (p.strip() for p in text.replace(" ", ",").split(","))):
-        span, _, step = part.partition(":")
-        low, _, high = span.partition("-")
-        try:
-            first, last, stride = int(low), int(high or low), int(step or 1)
-        except ValueError:
-            raise AffinityError(f"invalid CPU list element {part!r} in {text!r}") from None
-        if first < 0 or last < first or stride < 1:
-            raise AffinityError(f"invalid CPU list element {part!r} in {text!r}")
-        cpus.extend(range(first, last + 1, stride))
-    if len(set(cpus)) != len(cpus):
-        raise AffinityError(f"CPU list {text!r} names a CPU twice")
-    return cpus
+def _cpus(text: str) -> list[int]:
+    try:
+        return parse_cpu_list(text)
+    except CpuListError as error:
+        raise AffinityError(str(error)) from None
 
 
 def numa_nodes_of(cpus: list[int], root: Path = NODE_ROOT) -> dict[int, int]:
@@ -46,7 +44,7 @@ def numa_nodes_of(cpus: list[int], root: Path = NODE_ROOT) -> dict[int, int]:
     mapping: dict[int, int] = {}
     for node in sorted(root.glob("node[0-9]*")) if root.exists() else []:
         cpulist = (node / "cpulist").read_text().strip()
-        for cpu in parse_cpu_list(cpulist) if cpulist else []:
+        for cpu in _cpus(cpulist) if cpulist else []:
             mapping[cpu] = int(node.name[4:])
     return {cpu: mapping.get(cpu, 0) for cpu in cpus}
 
@@ -66,25 +64,25 @@ def resolve(env: Mapping[str, str] | None = None, allowed: set[int] | None = Non
             root: Path = NODE_ROOT) -> Binding:
     env = os.environ if env is None else env
     allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
-    mode = env.get("INFERENCE_OP_MODE", "fused")
+    mode = env.get(INFERENCE_OP_MODE, "fused")
     if mode != "fused":
         raise AffinityError(f"INFERENCE_OP_MODE={mode!r}: this engine runs the fused CPU path "
                             "only (sysHAX's INFERENCE_OP_MODE=fused)")
-    if env.get("CUSTOM_CPU_AFFINITY"):
-        cpus, source = parse_cpu_list(env["CUSTOM_CPU_AFFINITY"]), "CUSTOM_CPU_AFFINITY"
-    elif env.get("GOMP_CPU_AFFINITY"):
-        cpus, source = parse_cpu_list(env["GOMP_CPU_AFFINITY"]), "GOMP_CPU_AFFINITY"
+    if env.get(CUSTOM_CPU_AFFINITY):
+        cpus, source = _cpus(env[CUSTOM_CPU_AFFINITY]), CUSTOM_CPU_AFFINITY
+    elif env.get(GOMP_CPU_AFFINITY):
+        cpus, source = _cpus(env[GOMP_CPU_AFFINITY]), GOMP_CPU_AFFINITY
     else:
         cpus, source = sorted(allowed), "process cpuset"
-        if env.get("OMP_NUM_THREADS"):
+        if env.get(OMP_NUM_THREADS):
             # Without an explicit list, OMP_NUM_THREADS picks that many CPUs of the cpuset,
             # spread evenly over its NUMA nodes.
-            cpus = _even_subset(cpus, int(env["OMP_NUM_THREADS"]), root)
+            cpus = _even_subset(cpus, int(env[OMP_NUM_THREADS]), root)
     outside = sorted(set(cpus) - allowed)
     if outside:
         raise AffinityError(f"{source} binds CPUs {outside} that this process may not use "
                             f"(its cpuset: {sorted(allowed)})")
-    threads = env.get("OMP_NUM_THREADS")
+    threads = env.get(OMP_NUM_THREADS)
     if threads and int(threads) != len(cpus):
         raise AffinityError(f"OMP_NUM_THREADS={threads} but {source} binds {len(cpus)} CPUs: "
                             "the thread count must equal the number of bound CPUs")

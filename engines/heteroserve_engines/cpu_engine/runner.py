@@ -102,6 +102,7 @@ class EngineStats:
     kv_usage: float = 0.0
     prompt_tokens: int = 0
     generated_tokens: int = 0
+    preemptions: int = 0
 
 
 class EngineCore:
@@ -195,6 +196,7 @@ class EngineCore:
         self.running.remove(seq)
         self.allocator.release(seq.blocks)
         seq.num_computed = 0
+        self.stats.preemptions += 1
         with self._lock:
             self.waiting.appendleft(seq)
 

@@ -23,13 +23,35 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import ApiError, ChatRequest, CommonRequest, CompletionRequest
+from ..protocol.openai import (
+    SSE_DONE,
+    SSE_MEDIA_TYPE,
+    ApiError,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    ChunkDelta,
+    CommonRequest,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    Usage,
+    sse,
+)
 from .runner import Delta, EngineCore, PromptTooLong, QueueFull, SamplingParams
 from .tokenizer import GGUFTokenizer
 
@@ -41,6 +63,25 @@ class ServedModel:
     tokenizer: GGUFTokenizer
     max_model_len: int
     created: int
+
+
+class EngineCounters(Collector):
+    """The engine's running totals as Prometheus counters under vLLM's names (read from the
+    engine's own stats at scrape time, so they can never drift from them)."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+
+    def collect(self):
+        stats, labels = self.served.engine.stats, [self.served.name]
+        for name, doc, value in (
+                ("vllm:prompt_tokens", "Prompt tokens computed", stats.prompt_tokens),
+                ("vllm:generation_tokens", "Tokens generated", stats.generated_tokens),
+                ("vllm:num_preemptions", "Sequences preempted (KV cache full; recomputed "
+                 "later)", stats.preemptions)):
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            yield family
 
 
 class Metrics:
@@ -62,6 +103,7 @@ class Metrics:
                   lambda: engine.stats.generated_tokens)
         Gauge("heteroserve:prompt_tokens", "Prompt tokens computed since start", ["model_name"],
               registry=registry).labels(**labels).set_function(lambda: engine.stats.prompt_tokens)
+        registry.register(EngineCounters(served))
         buckets = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
                               ["model_name"], buckets=buckets, registry=registry).labels(**labels)
@@ -127,7 +169,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                                     lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
         except QueueFull as error:
             raise ApiError(429, f"the engine is at capacity: {error}; retry later",
-                           kind="rate_limit_error", code="queue_full") from None
+                           code="queue_full", headers={"Retry-After": "1"}) from None
         except PromptTooLong as error:
             raise ApiError(400, str(error), param="prompt", code="context_length_exceeded") \
                 from None
@@ -147,10 +189,6 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
             if seq.finish_reason is None:
                 served.engine.abort(seq)
 
-    def usage(prompt: int, completion: int) -> dict:
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
-
     async def respond(request: Request, chat: bool) -> Response:
         req = _parse(ChatRequest if chat else CompletionRequest, await body(request))
         check_model(req)
@@ -168,7 +206,6 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         sampling = params(req, len(prompt_ids))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        kind = "chat.completion" if chat else "text_completion"
         deltas = generate(request, prompt_ids, sampling)
         first = await anext(deltas)  # errors surface here, before any byte is sent
 
@@ -183,39 +220,45 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                 text += delta.text
                 reason = delta.finish_reason or reason
                 count = delta.completion_tokens if delta.completion_tokens is not None else count
-            choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                       "finish_reason": reason, "logprobs": None} if chat else
-                      {"index": 0, "text": (req.prompt if req.echo and isinstance(req.prompt, str)
-                                            else "") + text,
-                       "finish_reason": reason, "logprobs": None})
-            return JSONResponse({"id": rid, "object": kind, "created": created,
-                                 "model": served.name, "choices": [choice],
-                                 "usage": usage(len(prompt_ids), count)})
+            usage = Usage.of(len(prompt_ids), count)
+            if chat:
+                answer = ChatCompletion(id=rid, created=created, model=served.name, usage=usage,
+                                        choices=[ChatChoice(message=AssistantMessage(
+                                            content=text), finish_reason=reason)])
+            else:
+                echo = req.prompt if req.echo and isinstance(req.prompt, str) else ""
+                answer = Completion(id=rid, created=created, model=served.name, usage=usage,
+                                    choices=[CompletionChoice(text=echo + text,
+                                                              finish_reason=reason)])
+            return JSONResponse(answer.model_dump())
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
+        def chunk(text: str | None, reason: str | None, role: bool = False):
+            if chat:
+                delta = ChunkDelta(role="assistant" if role else None, content=text)
+                return ChatCompletionChunk(id=rid, created=created, model=served.name,
+                                           choices=[ChatChunkChoice(delta=delta,
+                                                                    finish_reason=reason)])
+            return CompletionChunk(id=rid, created=created, model=served.name,
+                                   choices=[CompletionChoice(text=text or "",
+                                                             finish_reason=reason)])
+
         async def events():
             count = 0
-            chunk_kind = "chat.completion.chunk" if chat else "text_completion"
             if chat:
-                yield _sse({"id": rid, "object": chunk_kind, "created": created,
-                            "model": served.name, "choices": [{"index": 0, "delta": {
-                                "role": "assistant", "content": ""}, "finish_reason": None}]})
+                yield sse(chunk("", None, role=True))
             async for delta in all_deltas():
                 if delta.completion_tokens is not None:
                     count = delta.completion_tokens
-                choice = ({"index": 0, "delta": {"content": delta.text} if delta.text else {},
-                           "finish_reason": delta.finish_reason} if chat else
-                          {"index": 0, "text": delta.text, "finish_reason": delta.finish_reason})
-                yield _sse({"id": rid, "object": chunk_kind, "created": created,
-                            "model": served.name, "choices": [choice]})
+                yield sse(chunk(delta.text or None, delta.finish_reason))
             if include_usage:
-                yield _sse({"id": rid, "object": chunk_kind, "created": created,
-                            "model": served.name, "choices": [],
-                            "usage": usage(len(prompt_ids), count)})
-            yield "data: [DONE]\n\n"
+                last = chunk(None, None)
+                yield sse(last.model_copy(update={"choices": [],
+                                                  "usage": Usage.of(len(prompt_ids), count)}))
+            yield SSE_DONE
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(events(), media_type=SSE_MEDIA_TYPE)
 
     async def completions(request: Request) -> Response:
         return await respond(request, chat=False)
@@ -224,9 +267,9 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         return await respond(request, chat=True)
 
     async def models(_request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": served.name, "object": "model", "created": served.created,
-            "owned_by": "heteroserve", "max_model_len": served.max_model_len}]})
+        return JSONResponse(ModelList(data=[ModelCard(
+            id=served.name, created=served.created,
+            max_model_len=served.max_model_len)]).model_dump())
 
     async def health(_request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -235,7 +278,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def api_error(_request: Request, error: ApiError) -> Response:
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
     return Starlette(
         routes=[Route("/v1/completions", completions, methods=["POST"]),
@@ -245,6 +288,3 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         exception_handlers={ApiError: api_error},
     )
 
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

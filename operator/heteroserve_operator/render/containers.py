@@ -10,8 +10,10 @@ from . import images
 from .engines import EngineContainer
 from .security import container_security_context
 
+# Where the router ConfigMap (`router_config.router_configmap`, key `router.yaml`) is mounted.
 ROUTER_CONFIG_DIR = "/etc/heteroserve/router"
 ROUTER_CONFIG_FILE = "router.yaml"
+ROUTER_CONFIG_PATH = f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"
 
 
 def env_list(env: dict[str, str]) -> list[dict[str, str]]:
@@ -60,12 +62,15 @@ def router_container(spec: InferenceDeploymentSpec, exclusive_cpu: bool) -> dict
         "name": "router",
         "image": spec.router.image or images.ROUTER,
         "command": ["heteroserve-router"],
-        "args": ["--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_FILE}"],
+        "args": ["--config", ROUTER_CONFIG_PATH],
         "ports": [{"name": "http", "containerPort": spec.router.port, "protocol": "TCP"}],
         "resources": resources,
         "volumeMounts": [{"name": "router-config", "mountPath": ROUTER_CONFIG_DIR,
                           "readOnly": True}],
-        "readinessProbe": probe("http", "/health", 5, 3),
+        # /ready: 200 once an upstream of each tier the policy needs is healthy (the Service
+        # sends traffic only then); /health: the process answers (a restart would not help an
+        # unhealthy upstream).
+        "readinessProbe": probe("http", "/ready", 5, 3),
         "livenessProbe": probe("http", "/health", 20, 3),
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
     }

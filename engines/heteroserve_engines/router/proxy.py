@@ -1,0 +1,83 @@
+"""The streaming pass-through: bytes from one upstream response to the client, chunk by chunk.
+
+A pump task reads the upstream body into a small bounded queue (backpressure: a slow client slows
+the upstream read, nothing accumulates); the response body iterates the queue. The pump lets the
+router end a relay from outside (drain on shutdown, the request deadline) without cancelling the
+client's task: an ended or broken event stream gets an SSE error event and `[DONE]`, never a hung
+connection. Only bytes are moved: the stream is never parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+
+from ..protocol.openai import SSE_DONE, ApiError, sse_error
+
+QUEUE_CHUNKS = 64
+_END = object()
+
+
+class Relay:
+    """One upstream response relayed to one client. `outcome` ends as "success",
+    "upstream_error" (the upstream broke or went silent mid-body), "aborted" (ended by the
+    router) or "client_disconnect"."""
+
+    def __init__(self, response: httpx.Response, *, event_stream: bool,
+                 on_chunk: Callable[[float], None], on_end: Callable[[Relay], None]):
+        self.response, self.event_stream = response, event_stream
+        self.on_chunk, self.on_end = on_chunk, on_end
+        self.queue: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
+        self.outcome = "client_disconnect"
+        self.error: ApiError | None = None
+        self.error_detail = ""
+        self._pump: asyncio.Task | None = None
+
+    def abort(self, error: ApiError) -> None:
+        """Ends the relay from outside: the client gets `error` as a final event."""
+        if self.error is None:
+            self.error, self.outcome = error, "aborted"
+        if self._pump:
+            self._pump.cancel()
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(_END)  # wakes a waiting consumer; a busy one sees `error`
+
+    async def _read(self) -> None:
+        try:
+            async for chunk in self.response.aiter_raw():
+                await self.queue.put(chunk)
+        except httpx.HTTPError as error:
+            if self.error is None:
+                kind = "timed out" if isinstance(error, httpx.TimeoutException) else "broke"
+                self.error_detail = f"{type(error).__name__}: {error}"
+                self.error = ApiError(502, f"the upstream engine's stream {kind} after the first "
+                                      "byte", code="upstream_stream_error")
+                self.outcome = "upstream_error"
+        # Not on cancellation: abort() has already woken the consumer.
+        await self.queue.put(_END)
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        self._pump = asyncio.create_task(self._read())
+        try:
+            while True:
+                item = await self.queue.get()
+                if self.error is not None:
+                    if self.event_stream:
+                        yield sse_error(self.error)
+                        yield SSE_DONE
+                    return
+                if item is _END:
+                    self.outcome = "success"
+                    return
+                self.on_chunk(time.monotonic())
+                yield item
+        finally:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            await self.response.aclose()
+            self.on_end(self)

@@ -1,0 +1,366 @@
+"""The router's serving object: parse -> decide -> proxy, with admission, retries before the
+first byte, metrics and one log line per request. The routes in `app` only call into it."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..protocol.openai import (
+    SSE_MEDIA_TYPE,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
+from ..protocol.router_config import TIERS, RouterConfig
+from .metrics import RouterMetrics
+from .policy import Decision, OffloadState, RequestInfo, decide
+from .proxy import Relay
+from .upstreams import Upstream, UpstreamPool
+
+log = logging.getLogger("heteroserve.router")
+
+ROUTES = {"chat": "/chat/completions", "completion": "/completions"}
+# Upstream error bodies are read whole (they are small) to pass on their message.
+ERROR_BODY_LIMIT = 64 * 1024
+
+
+class ClientGone(Exception):
+    """The client disconnected while the router waited for an upstream."""
+
+
+def load_api_keys(path: str | Path) -> tuple[bytes, ...]:
+    """One key per line; blank lines and # comments ignored. The keys are never logged."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as error:
+        raise ValueError(f"cannot read the API key file {path}: {error.strerror}") from None
+    keys = tuple(line.strip().encode() for line in lines
+                 if line.strip() and not line.lstrip().startswith("#"))
+    if not keys:
+        raise ValueError(f"the API key file {path} holds no key")
+    return keys
+
+
+@dataclass
+class Attempt:
+    """One request's bookkeeping, from arrival to its last byte."""
+
+    id: str
+    kind: str
+    arrival: float
+    decision: Decision | None = None
+    tier: str = "none"
+    upstream: str = ""
+    status: int = 0
+    first_chunk: float | None = None
+    last_chunk: float | None = None
+    tiers_tried: list[str] = field(default_factory=list)
+
+
+class RouterService:
+    def __init__(self, config: RouterConfig, client: httpx.AsyncClient, pool: UpstreamPool,
+                 metrics: RouterMetrics, api_keys: tuple[bytes, ...] = (),
+                 clock: Callable[[], float] = time.monotonic):
+        self.config, self.client, self.pool, self.metrics = config, client, pool, metrics
+        self.api_keys, self.clock = api_keys, clock
+        self.offload_state = OffloadState()
+        self.created = int(time.time())
+        self.relays: set[Relay] = set()
+        self.draining = False
+
+    # -- plain answers ---------------------------------------------------------------------------
+    def models(self) -> ModelList:
+        return ModelList(data=[ModelCard(id=self.config.model, created=self.created)])
+
+    def model(self, model_id: str) -> ModelCard:
+        if model_id != self.config.model:
+            raise ApiError(404, f"The model `{model_id}` does not exist.", param="model",
+                           code="model_not_found")
+        return self.models().data[0]
+
+    def required_tiers(self) -> tuple[str, ...]:
+        """Tiers that must have a healthy upstream for /ready. auto serves from either tier, so
+        one healthy tier is enough for it."""
+        return {"accelerator": ("accelerator",), "cpu": ("cpu",),
+                "split": ("accelerator", "cpu")}.get(self.config.policy, ())
+
+    def readiness(self) -> tuple[bool, dict[str, int]]:
+        healthy = {tier: sum(u.healthy for u in self.pool.tier(tier)) for tier in TIERS
+                   if self.config.tier(tier)}
+        required = self.required_tiers()
+        ok = (all(healthy.get(t, 0) for t in required) if required
+              else any(healthy.values())) and not self.draining
+        return ok, healthy
+
+    def authorize(self, header: str | None) -> None:
+        if not self.api_keys:
+            return
+        scheme, _, token = (header or "").partition(" ")
+        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        # Every key is compared (constant time each), so timing says nothing about which.
+        matched = False
+        for key in self.api_keys:
+            matched |= hmac.compare_digest(given, key)
+        if not matched:
+            raise ApiError(401, "Incorrect or missing API key: send `Authorization: Bearer "
+                           "<key>`.", code="invalid_api_key")
+
+    # -- shutdown --------------------------------------------------------------------------------
+    def begin_drain(self) -> None:
+        """SIGTERM: refuse new requests; after `drainSeconds` end what is still relayed."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: %d request(s) in flight, %.0f s grace", len(self.relays),
+                 self.config.drain_seconds)
+        asyncio.get_running_loop().call_later(self.config.drain_seconds, self.end_relays)
+
+    def end_relays(self) -> None:
+        for relay in list(self.relays):
+            relay.abort(ApiError(503, "the router is shutting down; the response was cut",
+                                 code="shutting_down"))
+
+    # -- completions -----------------------------------------------------------------------------
+    async def complete(self, kind: str, body: bytes,
+                       disconnected: Callable[[], Awaitable[None]]) -> Response:
+        attempt = Attempt(uuid.uuid4().hex[:16], kind, self.clock())
+        try:
+            return await self._complete(attempt, body, disconnected)
+        except ApiError as error:
+            self._finish(attempt, "upstream_error" if attempt.tiers_tried else "refused",
+                         error.status)
+            self.metrics.refused.labels(str(error.status), error.code or "").inc()
+            raise
+        except ClientGone:
+            self._finish(attempt, "client_disconnect", 499)
+            return Response(status_code=499)
+
+    async def _complete(self, attempt: Attempt, body: bytes,
+                        disconnected: Callable[[], Awaitable[None]]) -> Response:
+        if self.draining:
+            raise ApiError(503, "the router is shutting down; retry on another replica",
+                           code="shutting_down", headers={"Retry-After": "1"})
+        payload = _json_object(body)
+        request_type = ChatRequest if attempt.kind == "chat" else CompletionRequest
+        try:
+            request = request_type.model_validate(payload)
+        except ValidationError as error:
+            first = error.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+        if request.model != self.config.model:
+            raise ApiError(404, f"The model `{request.model}` does not exist.", param="model",
+                           code="model_not_found")
+        info = RequestInfo(attempt.kind, request.stream, request.completion_limit)
+        decision, self.offload_state = decide(
+            self.config.policy, info, self.pool.snapshot(), self.config.offload,
+            self.offload_state, self.clock())
+        attempt.decision = decision
+        self.metrics.offloading.set(1 if self.offload_state.offloading else 0)
+        self.metrics.decisions.labels(self.config.policy, decision.tier or "none", decision.mode,
+                                      decision.reason).inc()
+        if decision.tier is None:
+            headers = ({"Retry-After": str(self.config.limits.retry_after_seconds)}
+                       if decision.status in (429, 503) else None)
+            raise ApiError(decision.status, decision.message, code=decision.reason,
+                           headers=headers)
+        if decision.offload:
+            self.metrics.offloads.labels(decision.reason).inc()
+        return await self._proxy(attempt, payload, request.stream, decision, disconnected)
+
+    async def _proxy(self, attempt: Attempt, payload: dict, stream: bool, decision: Decision,
+                     disconnected: Callable[[], Awaitable[None]]) -> Response:
+        candidates = [*decision.candidates, *decision.fallbacks][: self.config.retries + 1]
+        last_error: ApiError | None = None
+        for index, candidate in enumerate(candidates):
+            upstream = self.pool.get(candidate.url)
+            if upstream is None:
+                continue
+            if index:
+                self.metrics.retries.labels(upstream.tier).inc()
+            outcome = await self._try(attempt, upstream, payload, stream, disconnected,
+                                      last=index == len(candidates) - 1)
+            if isinstance(outcome, Response):
+                if upstream.tier != decision.tier:
+                    self.metrics.fallbacks.labels(decision.tier, upstream.tier).inc()
+                return outcome
+            last_error = outcome
+        raise last_error or ApiError(503, "no upstream could take the request; retry later",
+                                     code="no_upstream", headers={"Retry-After": str(
+                                         self.config.limits.retry_after_seconds)})
+
+    def _upstream_request(self, upstream: Upstream, payload: dict, stream: bool,
+                          attempt: Attempt) -> httpx.Request:
+        served = upstream.config.served_model_name
+        body = json.dumps({**payload, "model": served} if served else payload).encode()
+        idle = self.config.idle_timeout_seconds if stream else self.config.request_timeout_seconds
+        timeout = httpx.Timeout(idle, connect=self.config.connect_timeout_seconds)
+        path = upstream.config.api_prefix + ROUTES[attempt.kind]
+        return self.client.build_request(
+            "POST", upstream.url + path, content=body, timeout=timeout,
+            headers={"content-type": "application/json", "x-request-id": attempt.id})
+
+    async def _try(self, attempt: Attempt, upstream: Upstream, payload: dict, stream: bool,
+                   disconnected: Callable[[], Awaitable[None]], last: bool
+                   ) -> Response | ApiError:
+        """One upstream: a Response once its headers are in (the relay then owns it), else the
+        error to answer if no other upstream succeeds."""
+        attempt.tier, attempt.upstream = upstream.tier, upstream.url
+        attempt.tiers_tried.append(upstream.tier)
+        tier = upstream.tier
+        upstream.in_flight += 1
+        self.metrics.in_flight.labels(tier).inc()
+        relayed = False
+        try:
+            request = self._upstream_request(upstream, payload, stream, attempt)
+            try:
+                response = await _race(self.client.send(request, stream=True), disconnected)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+                upstream.mark_down(f"{type(error).__name__}: {error}")
+                self.metrics.upstream_errors.labels(tier, "connect").inc()
+                return ApiError(502, f"the {tier} engine is unreachable", code="upstream_error")
+            except httpx.TimeoutException:
+                self.metrics.upstream_errors.labels(tier, "timeout").inc()
+                return ApiError(504, f"the {tier} engine did not answer in time",
+                                code="upstream_timeout")
+            except httpx.HTTPError as error:
+                self.metrics.upstream_errors.labels(tier, "protocol").inc()
+                return ApiError(502, f"the {tier} engine failed before answering "
+                                f"({type(error).__name__})", code="upstream_error")
+            attempt.status = response.status_code
+            if response.status_code >= 400:
+                error = await _upstream_error(response, tier)
+                self.metrics.upstream_errors.labels(tier, f"http_{response.status_code}").inc()
+                retryable = response.status_code >= 500 or response.status_code == 429
+                if retryable and not last:
+                    return error
+                self._finish(attempt, "upstream_error" if retryable else "upstream_refused",
+                             response.status_code)
+                return _error_response(error)
+            relay = Relay(response, event_stream=stream, on_chunk=self._chunk_timer(attempt),
+                          on_end=lambda r: self._relay_ended(r, attempt, upstream))
+            self.relays.add(relay)
+            relayed = True
+            return StreamingResponse(
+                relay, status_code=response.status_code,
+                media_type=response.headers.get("content-type", SSE_MEDIA_TYPE if stream
+                                                 else "application/json"),
+                headers={"x-request-id": attempt.id, "x-heteroserve-tier": tier,
+                         "x-heteroserve-reason": attempt.decision.reason})
+        finally:
+            if not relayed:
+                upstream.in_flight -= 1
+                self.metrics.in_flight.labels(tier).dec()
+
+    def _chunk_timer(self, attempt: Attempt) -> Callable[[float], None]:
+        ttft, itl = (self.metrics.ttft.labels(attempt.tier),
+                     self.metrics.inter_token.labels(attempt.tier))
+
+        def on_chunk(now: float) -> None:
+            if attempt.first_chunk is None:
+                attempt.first_chunk = now
+                ttft.observe(now - attempt.arrival)
+            else:
+                itl.observe(now - attempt.last_chunk)
+            attempt.last_chunk = now
+        return on_chunk
+
+    def _relay_ended(self, relay: Relay, attempt: Attempt, upstream: Upstream) -> None:
+        self.relays.discard(relay)
+        upstream.in_flight -= 1
+        self.metrics.in_flight.labels(upstream.tier).dec()
+        if relay.outcome == "upstream_error":
+            self.metrics.upstream_errors.labels(upstream.tier, "stream").inc()
+            log.warning("request %s: %s stream from %s broke: %s", attempt.id, upstream.tier,
+                        upstream.url, relay.error_detail)
+        self.metrics.e2e.labels(upstream.tier).observe(self.clock() - attempt.arrival)
+        self._finish(attempt, relay.outcome, attempt.status)
+
+    def _finish(self, attempt: Attempt, outcome: str, status: int) -> None:
+        decision = attempt.decision
+        reason = decision.reason if decision else "invalid_request"
+        self.metrics.requests.labels(attempt.tier, reason, outcome).inc()
+        ttft = (f"{attempt.first_chunk - attempt.arrival:.3f}s" if attempt.first_chunk
+                else "-")
+        log.info("request %s %s policy=%s tier=%s reason=%s mode=%s tried=%s status=%d "
+                 "outcome=%s ttft=%s e2e=%.3fs", attempt.id, attempt.kind, self.config.policy,
+                 attempt.tier, reason, decision.mode if decision else "-",
+                 ",".join(attempt.tiers_tried) or "-", status, outcome, ttft,
+                 self.clock() - attempt.arrival)
+
+
+def _json_object(body: bytes) -> dict:
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return payload
+
+
+async def _race(work: Awaitable[httpx.Response], disconnected: Callable[[], Awaitable[None]]
+                ) -> httpx.Response:
+    """`work`, unless the client disconnects first (then ClientGone; the upstream request is
+    cancelled, which closes its connection: the engine frees the sequence)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        watch.cancel()
+        raise
+    if task in done:
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    raise ClientGone
+
+
+async def _upstream_error(response: httpx.Response, tier: str) -> ApiError:
+    """An upstream's error answer in OpenAI's shape: its own message when it sent one."""
+    status = response.status_code
+    try:
+        raw = b""
+        async for chunk in response.aiter_raw():
+            raw += chunk
+            if len(raw) > ERROR_BODY_LIMIT:
+                break
+    except httpx.HTTPError:
+        raw = b""
+    finally:
+        await response.aclose()
+    try:
+        error = ErrorResponse.model_validate_json(raw).error
+        headers = {"Retry-After": response.headers["retry-after"]} \
+            if "retry-after" in response.headers else None
+        return ApiError(status, error.message, param=error.param, code=error.code,
+                        kind=error.type, headers=headers)
+    except ValidationError:
+        text = raw.decode(errors="replace").strip()[:200]
+        return ApiError(502 if status >= 500 else status,
+                        f"the {tier} engine answered HTTP {status}: {text}",
+                        code="upstream_error")
+
+
+def _error_response(error: ApiError) -> Response:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
