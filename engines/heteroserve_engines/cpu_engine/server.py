@@ -55,6 +55,9 @@ from ..protocol.openai import (
 from .runner import Delta, EngineCore, PromptTooLong, QueueFull, SamplingParams
 from .tokenizer import GGUFTokenizer
 
+# How often a request checks that its client is still there.
+DISCONNECT_POLL_SECONDS = 0.25
+
 
 @dataclass
 class ServedModel:
@@ -91,13 +94,14 @@ class Metrics:
         self.registry, self.served = registry, served
         engine = served.engine
         labels = {"model_name": served.name}
+        # Read live at scrape time (not the last step's copy, which stays stale once idle).
         Gauge("vllm:num_requests_running", "Sequences being decoded or prefilled",
               ["model_name"], registry=registry).labels(**labels).set_function(
-                  lambda: engine.stats.running)
+                  lambda: len(engine.running))
         Gauge("vllm:num_requests_waiting", "Requests waiting for admission", ["model_name"],
-              registry=registry).labels(**labels).set_function(lambda: engine.stats.waiting)
+              registry=registry).labels(**labels).set_function(lambda: len(engine.waiting))
         Gauge("vllm:kv_cache_usage_perc", "KV-cache usage fraction (0-1)", ["model_name"],
-              registry=registry).labels(**labels).set_function(lambda: engine.stats.kv_usage)
+              registry=registry).labels(**labels).set_function(lambda: engine.allocator.usage)
         Gauge("heteroserve:generated_tokens", "Tokens generated since start", ["model_name"],
               registry=registry).labels(**labels).set_function(
                   lambda: engine.stats.generated_tokens)
@@ -174,12 +178,19 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
             raise ApiError(400, str(error), param="prompt", code="context_length_exceeded") \
                 from None
         try:
+            checked = loop.time()
             while True:
                 try:
-                    delta = await asyncio.wait_for(queue.get(), timeout=0.5)
+                    delta = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_SECONDS)
                 except TimeoutError:
+                    delta = None
+                # Polled by time, not only when idle: a non-streaming request whose client left
+                # would otherwise decode to max_tokens for nobody.
+                if loop.time() - checked >= DISCONNECT_POLL_SECONDS:
+                    checked = loop.time()
                     if await request.is_disconnected():
-                        raise asyncio.CancelledError from None
+                        raise asyncio.CancelledError
+                if delta is None:
                     continue
                 yield delta
                 if delta.finish_reason:

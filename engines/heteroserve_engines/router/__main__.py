@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from_args(args, parser)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every upstream request (health checks and scrapes too) at INFO.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     from .server import serve
 
     try:

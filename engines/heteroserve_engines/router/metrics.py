@@ -16,6 +16,20 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.6
 
 
 class RouterMetrics:
+    def observe_upstreams(self, upstreams) -> None:
+        """Per-upstream gauges from the pool's current view (after each check and scrape)."""
+        for gauge in (self.upstream_healthy, self.upstream_waiting, self.upstream_kv_usage,
+                      self.upstream_speed):
+            gauge.clear()
+        for u in upstreams:
+            self.upstream_healthy.labels(u.tier, u.url).set(1 if u.healthy else 0)
+            if u.waiting is not None:
+                self.upstream_waiting.labels(u.tier, u.url).set(u.waiting)
+            if u.kv_usage is not None:
+                self.upstream_kv_usage.labels(u.tier, u.url).set(u.kv_usage)
+            if u.tokens_per_second is not None:
+                self.upstream_speed.labels(u.tier, u.url).set(u.tokens_per_second)
+
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
@@ -58,5 +72,14 @@ class RouterMetrics:
         self.upstream_healthy = Gauge("heteroserve_router_upstream_healthy",
                                       "1 while an upstream is in routing", ["tier", "upstream"],
                                       registry=r)
+        self.upstream_waiting = Gauge("heteroserve_router_upstream_waiting",
+                                      "Requests waiting in an upstream (its last scrape)",
+                                      ["tier", "upstream"], registry=r)
+        self.upstream_kv_usage = Gauge("heteroserve_router_upstream_kv_cache_usage",
+                                       "An upstream's KV-cache usage fraction (its last scrape)",
+                                       ["tier", "upstream"], registry=r)
+        self.upstream_speed = Gauge("heteroserve_router_upstream_tokens_per_second",
+                                    "An upstream's measured decode speed per sequence (absent "
+                                    "while it is idle)", ["tier", "upstream"], registry=r)
         self.offloading = Gauge("heteroserve_router_offloading",
                                 "1 while auto sends new requests to the CPU tier", registry=r)

@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
+import anyio
 import httpx
 
 from ..protocol.openai import SSE_DONE, ApiError, sse_error
@@ -35,29 +36,32 @@ class Relay:
         self.outcome = "client_disconnect"
         self.error: ApiError | None = None
         self.error_detail = ""
+        self._aborted = False
         self._pump: asyncio.Task | None = None
 
     def abort(self, error: ApiError) -> None:
-        """Ends the relay from outside: the client gets `error` as a final event."""
-        if self.error is None:
-            self.error, self.outcome = error, "aborted"
+        """Ends the relay from outside at once: the client gets `error` as a final event."""
+        if self.error is None or not self._aborted:
+            self.error, self.outcome, self._aborted = error, "aborted", True
         if self._pump:
             self._pump.cancel()
         with contextlib.suppress(asyncio.QueueFull):
-            self.queue.put_nowait(_END)  # wakes a waiting consumer; a busy one sees `error`
+            self.queue.put_nowait(_END)  # wakes a waiting consumer; a busy one sees _aborted
 
     async def _read(self) -> None:
         try:
             async for chunk in self.response.aiter_raw():
                 await self.queue.put(chunk)
-        except httpx.HTTPError as error:
+        except Exception as error:  # any failure ends the stream the same way
             if self.error is None:
-                kind = "timed out" if isinstance(error, httpx.TimeoutException) else "broke"
+                late = isinstance(error, httpx.TimeoutException)
                 self.error_detail = f"{type(error).__name__}: {error}"
-                self.error = ApiError(502, f"the upstream engine's stream {kind} after the first "
+                self.error = ApiError(502, f"the upstream engine's stream "
+                                      f"{'timed out' if late else 'broke'} after the first "
                                       "byte", code="upstream_stream_error")
                 self.outcome = "upstream_error"
-        # Not on cancellation: abort() has already woken the consumer.
+        # After what was already queued (the client gets every byte that came before an error);
+        # not on cancellation: abort() has already woken the consumer.
         await self.queue.put(_END)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -65,19 +69,23 @@ class Relay:
         try:
             while True:
                 item = await self.queue.get()
-                if self.error is not None:
-                    if self.event_stream:
-                        yield sse_error(self.error)
-                        yield SSE_DONE
-                    return
-                if item is _END:
-                    self.outcome = "success"
+                if self._aborted or item is _END:
+                    if self.error is not None:
+                        if self.event_stream:
+                            yield sse_error(self.error)
+                            yield SSE_DONE
+                    else:
+                        self.outcome = "success"
                     return
                 self.on_chunk(time.monotonic())
                 yield item
         finally:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pump
-            await self.response.aclose()
+            # Shielded: a client disconnect arrives as the cancellation of this task's scope
+            # (level-triggered in anyio), which would cancel the close itself and leave the
+            # upstream connection open, its engine decoding for nobody.
+            with anyio.CancelScope(shield=True):
+                self._pump.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._pump
+                await self.response.aclose()
             self.on_end(self)

@@ -24,8 +24,9 @@ def build_service(config: RouterConfig) -> RouterService:
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
         timeout=httpx.Timeout(config.request_timeout_seconds,
                               connect=config.connect_timeout_seconds))
-    return RouterService(config, client, UpstreamPool(config, client), RouterMetrics(),
-                         api_keys=keys)
+    metrics = RouterMetrics()
+    pool = UpstreamPool(config, client, on_change=metrics.observe_upstreams)
+    return RouterService(config, client, pool, metrics, api_keys=keys)
 
 
 class DrainingServer(uvicorn.Server):

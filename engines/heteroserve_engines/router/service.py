@@ -213,7 +213,9 @@ class RouterService:
         path = upstream.config.api_prefix + ROUTES[attempt.kind]
         return self.client.build_request(
             "POST", upstream.url + path, content=body, timeout=timeout,
-            headers={"content-type": "application/json", "x-request-id": attempt.id})
+            # identity: the relay passes bytes through unchanged, so they must be plain.
+            headers={"content-type": "application/json", "accept-encoding": "identity",
+                     "x-request-id": attempt.id})
 
     async def _try(self, attempt: Attempt, upstream: Upstream, payload: dict, stream: bool,
                    disconnected: Callable[[], Awaitable[None]], last: bool

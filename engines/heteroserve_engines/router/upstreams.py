@@ -67,6 +67,7 @@ class Upstream:
         self.tokens_per_second: float | None = None
         self._preemptions: float | None = None
         self._generated: tuple[float, float] | None = None  # (counter, monotonic time)
+        self._running: float | None = None  # at the previous scrape
 
     def state(self) -> UpstreamState:
         return UpstreamState(
@@ -103,16 +104,23 @@ class Upstream:
                           and preemptions > self._preemptions)
         self._preemptions = preemptions
         generated = _first(values, GENERATED)
-        if generated is not None:
-            if self._generated is not None and self.running:
-                tokens, then = self._generated
-                if now > then and generated >= tokens:
-                    sample = (generated - tokens) / (now - then) / self.running
-                    previous = self.tokens_per_second
-                    self.tokens_per_second = sample if previous is None else (
-                        SPEED_SMOOTHING * sample + (1 - SPEED_SMOOTHING) * previous)
-            self._generated = (generated, now)
-
+        running, previous_running = self.running, self._running
+        self._running = running
+        if generated is None:
+            return
+        if not running:
+            # Idle: no current measure (the policy counts an idle engine as fast); a speed
+            # measured under yesterday's load must not keep it out of offloading.
+            self.tokens_per_second = None
+        elif self._generated is not None and previous_running:
+            tokens, then = self._generated
+            if now > then and generated >= tokens:
+                # Sequences over the interval: the mean of its two ends.
+                sample = (generated - tokens) / (now - then) / ((running + previous_running) / 2)
+                last = self.tokens_per_second
+                self.tokens_per_second = sample if last is None else (
+                    SPEED_SMOOTHING * sample + (1 - SPEED_SMOOTHING) * last)
+        self._generated = (generated, now)
 
 async def resolve_addresses(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -122,15 +130,21 @@ async def resolve_addresses(host: str, port: int) -> list[str]:
 def _with_host(url: str, address: str) -> str:
     parts = urlsplit(url)
     host = f"[{address}]" if ":" in address else address
-    return urlunsplit((parts.scheme, f"{host}:{parts.port or 80}", "", "", ""))
+    return urlunsplit((parts.scheme, f"{host}:{_port(parts)}", "", "", ""))
+
+
+def _port(parts) -> int:
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 class UpstreamPool:
     """Every upstream of every tier, kept current by background tasks."""
 
     def __init__(self, config: RouterConfig, client: httpx.AsyncClient,
-                 resolver=resolve_addresses):
+                 resolver=resolve_addresses, on_change=None):
+        """`on_change(upstreams)` runs after every round of checks or scrapes (metrics)."""
         self.config, self.client, self.resolver = config, client, resolver
+        self.on_change = on_change or (lambda _upstreams: None)
         self.upstreams: dict[str, Upstream] = {}
         self._tasks: list[asyncio.Task] = []
         for tier in TIERS:
@@ -191,7 +205,7 @@ class UpstreamPool:
             for url in config.urls:
                 parts = urlsplit(url)
                 try:
-                    addresses = await self.resolver(parts.hostname, parts.port or 80)
+                    addresses = await self.resolver(parts.hostname, _port(parts))
                 except OSError as error:
                     log.warning("cannot resolve %s (%s tier): %s", parts.hostname, tier, error)
                     # Keep what was known: a DNS hiccup must not empty the tier.
@@ -207,6 +221,7 @@ class UpstreamPool:
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(u) for u in list(self.upstreams.values())))
+        self.on_change(list(self.upstreams.values()))
 
     async def check(self, upstream: Upstream) -> None:
         path = upstream.config.health_path or upstream.config.models_path
@@ -221,6 +236,7 @@ class UpstreamPool:
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(u) for u in list(self.upstreams.values())
                                if u.config.metrics_path and u.healthy))
+        self.on_change(list(self.upstreams.values()))
 
     async def scrape(self, upstream: Upstream) -> None:
         try:
