@@ -20,7 +20,7 @@ PORT ?= 8010
 .PHONY: help venv engine tools arm-toolchain lint test unit integration e2e run cluster-up cluster-down clean
 
 help:
-	@echo "make run           serve the embedded SmolLM2 model, OpenAI API on http://$(HOST):$(PORT)/v1"
+	@echo "make run           the router + CPU engine serving the embedded SmolLM2 model, OpenAI API on http://$(HOST):$(PORT)/v1"
 	@echo "make test          lint + every test tier (builds what it needs)"
 	@echo "make unit          fast tests: no cluster, no network"
 	@echo "make integration   tests against the real test control plane"
@@ -63,8 +63,10 @@ $(LLAMA_STAMP): $(STAMP)
 venv: $(STAMP) $(ENGINE_STAMP)
 engine: $(ENGINE_STAMP)
 
+# `heteroserve run` without -f: SmolLM2-135M-Instruct on this machine's CPUs behind the router;
+# it prints what it starts and the OpenAI base URL once the model is loaded.
 run: venv
-	$(VENV)/bin/heteroserve-cpu-engine --host $(HOST) --port $(PORT)
+	$(VENV)/bin/heteroserve run --host $(HOST) --port $(PORT)
 
 tools:
 	@bash tests/cluster/build-tools.sh
