@@ -1,0 +1,375 @@
+"""The router's overhead: router vs direct-to-upstream, side by side in one run (a script, not a
+timed test).
+
+    .venv/bin/python -m tests.bench.router_overhead [--concurrency 1,8,64,256] [--tokens N]
+        [--canned-tokens N] [--requests N] [--rounds R] [--quick]
+
+Two upstreams, each once directly and once through its own `heteroserve-router` (policy cpu):
+the CPU engine serving the embedded SmolLM2-135M (what users run), and the canned upstream of
+tests/fakes, which streams tokens as fast as it can (the router's own ceiling: there the router,
+not the engine, is the bottleneck). At each concurrency level N streams send streaming chat
+completions (ignore_eos, fixed max_tokens, temperature 0) back to back until at least
+`--requests` requests are done (so that one stream still gives a distribution). Per level: TTFT
+p50 and p99 (nearest rank), and throughput (tokens of all streams / the level's wall time;
+tokens from the engine's usage chunk, the canned upstream's content chunks). Each round runs
+direct then router (A B A B ...) to cancel drift; the table shows medians over rounds, and for
+the router rows the added TTFT (router minus direct, paired within each round) and the
+throughput ratio (router / direct).
+
+Goals (the router's issue): added TTFT p50 at most 2 ms at every level, and at least 90 % of
+direct throughput at 256 streams.
+
+The load generator runs on the same cores as the engines and routers: one asyncio loop, one
+httpx client, and it never decodes the JSON of a chunk. The "canned direct" rows are therefore
+the ceiling of this client and the canned upstream together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+
+from heteroserve_engines.protocol.router_config import Offload, RouterConfig, TierConfig
+from tests.cluster.harness import free_port
+from tests.processes import stop_process
+
+ENGINE_MODEL = "smollm2"
+PROMPT = "Count from one to one hundred, in words, one number per line."
+PROMPT_TOKEN_BUDGET = 64  # the prompt above in SmolLM2's chat template, with room to spare
+MAX_MODEL_LEN = 512
+# SmolLM2-135M's KV cache per 16-token block: K and V, fp16, 30 layers, 3 KV heads of 64.
+KV_BLOCK_BYTES = 2 * 2 * 30 * 16 * 3 * 64
+# A chunk that carries text: `"content":"` (the engine's compact JSON) or `"content": "`
+# (the canned upstream's) followed by anything but the closing quote. The engine's first chunk
+# is role-only (`"content":""`) and its last may have no content: neither counts. So TTFT is
+# the time to the first chunk with text, not to the first `data:` line.
+CONTENT = re.compile(rb'"content": ?"[^"]')
+# The engine's last chunk (stream_options.include_usage): tokens generated, which is more than
+# the content chunks when a token has no text of its own (with ignore_eos, SmolLM2 goes on past
+# <|im_end|>, whose text is empty). The canned upstream sends no usage: its chunks are its tokens.
+USAGE = re.compile(rb'"completion_tokens": ?(\d+)')
+# An SSE error event (the router's after a broken upstream). Generated text cannot contain
+# it unescaped.
+ERROR = b'"error":'
+
+
+# -- processes ---------------------------------------------------------------------------------
+@dataclass
+class Processes:
+    folder: Path
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def start(self, name: str, args: list[str], cpus: set[int] | None = None,
+              env: dict[str, str] | None = None) -> int:
+        """Starts `python -m args...` with a free port appended, on `cpus`; returns the port."""
+        port = free_port()
+        with open(self.folder / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", *args, "--port", str(port)],
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **(env or {})})
+        if cpus:
+            # Before it has started its threads (they inherit it).
+            os.sched_setaffinity(proc.pid, cpus)
+        self.procs.append(proc)
+        return port
+
+    def wait(self, name: str, url: str, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(p.poll() is not None for p in self.procs):
+                break
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        log = (self.folder / f"{name}.log").read_text()[-3000:]
+        raise RuntimeError(f"{name} did not answer 200 at {url}:\n{log}")
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            stop_process(proc)
+
+
+def router_config_file(folder: Path, name: str, model: str, upstream: str, streams: int) -> Path:
+    """policy cpu with admission at or above the highest concurrency level: the CLI's defaults
+    (maxConcurrency 256, cpuMaxBatchSize 16) would answer 429 or cap the batch. The router
+    logs every request at INFO, as deployed."""
+    admit = max(256, streams)
+    config = RouterConfig(model=model, policy="cpu", drain_seconds=1,
+                          cpu=TierConfig(urls=[upstream], max_concurrency=admit),
+                          offload=Offload(cpu_max_batch_size=admit))
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config.document()))
+    return path
+
+
+def start_all(procs: Processes, streams: int, engine_tokens: int, engine_cpus: set[int],
+              router_cpus: set[int]) -> dict[str, tuple[str, str]]:
+    """{target: (direct base URL, router base URL)}; every process answers before it returns.
+    The upstreams run on `engine_cpus`, the routers on `router_cpus` (as in a pod, where the
+    router sidecar has a core of its own)."""
+    blocks = -(-(PROMPT_TOKEN_BUDGET + engine_tokens) // 16) + 1
+    kv_gib = max(0.25, 1.25 * streams * blocks * KV_BLOCK_BYTES / 2**30)
+    engine = procs.start("engine", [
+        "heteroserve_engines.cpu_engine", "--served-model-name", ENGINE_MODEL,
+        "--max-model-len", str(MAX_MODEL_LEN), "--max-running", str(streams),
+        "--max-waiting", str(4 * streams), "--kv-cache-gib", f"{kv_gib:.2f}"],
+        cpus=engine_cpus, env={"OMP_NUM_THREADS": str(len(engine_cpus)),
+                               "CUSTOM_CPU_AFFINITY": ",".join(map(str, sorted(engine_cpus)))})
+    procs.wait("engine", f"http://127.0.0.1:{engine}/health")
+    canned = procs.start("canned", ["tests.fakes.canned_upstream"], cpus=engine_cpus)
+    procs.wait("canned", f"http://127.0.0.1:{canned}/health")
+    targets = {}
+    for name, model, port in (("engine", ENGINE_MODEL, engine), ("canned", "canned", canned)):
+        direct = f"http://127.0.0.1:{port}"
+        config = router_config_file(procs.folder, f"router-{name}", model, direct, streams)
+        # --port overrides the file's listen port.
+        router_port = procs.start(f"router-{name}",
+                                  ["heteroserve_engines.router", "--config", str(config)],
+                                  cpus=router_cpus)
+        procs.wait(f"router-{name}", f"http://127.0.0.1:{router_port}/ready")
+        targets[name] = (direct, f"http://127.0.0.1:{router_port}")
+    return targets
+
+
+# -- load --------------------------------------------------------------------------------------
+@dataclass
+class Level:
+    ttfts: list[float]  # seconds, of the requests that completed
+    tokens: int
+    wall: float
+    errors: list[str]
+
+    def percentile(self, q: float) -> float:
+        if not self.ttfts:
+            return math.nan
+        ordered = sorted(self.ttfts)
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.wall
+
+
+async def one_request(client: httpx.AsyncClient, url: str, body: bytes, max_tokens: int
+                      ) -> tuple[float | None, int, str]:
+    """(TTFT or None, tokens received, error or '')."""
+    start = time.perf_counter()
+    first, count, usage, pending = None, 0, None, b""
+    try:
+        async with client.stream("POST", url, content=body,
+                                 headers={"content-type": "application/json"}) as response:
+            if response.status_code != 200:
+                await response.aread()
+                return None, 0, f"HTTP {response.status_code}"
+            async for data in response.aiter_raw():
+                pending += data
+                cut = pending.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                events, pending = pending[:cut], pending[cut + 2:]
+                found = len(CONTENT.findall(events))
+                if found and first is None:
+                    first = time.perf_counter()
+                count += found
+                if b'"usage"' in events and (match := USAGE.search(events)):
+                    usage = int(match[1])
+                if ERROR in events:
+                    return first and first - start, count, "error event"
+    except httpx.HTTPError as error:
+        return first and first - start, count, type(error).__name__
+    count = count if usage is None else usage
+    if first is None:
+        return None, count, "no content"
+    return first - start, count, "" if count == max_tokens else f"{count} tokens"
+
+
+async def run_level(client: httpx.AsyncClient, base: str, model: str, max_tokens: int,
+                    streams: int, requests: int) -> Level:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": PROMPT}],
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}).encode()
+    url = f"{base}/v1/chat/completions"
+    total = max(streams, requests)
+    issued = 0
+    level = Level([], 0, 0.0, [])
+
+    async def stream() -> None:
+        nonlocal issued
+        while issued < total:
+            issued += 1
+            ttft, count, error = await one_request(client, url, body, max_tokens)
+            level.tokens += count
+            if error:
+                level.errors.append(error)
+            elif ttft is not None:
+                level.ttfts.append(ttft)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    level.wall = time.perf_counter() - start
+    return level
+
+
+@dataclass
+class Row:
+    target: str
+    streams: int
+    direct: list[Level]
+    router: list[Level]
+
+
+async def measure(targets: dict[str, tuple[str, str]], levels: list[int],
+                  tokens: dict[str, int], requests: int, rounds: int,
+                  client_cpus: dict[str, set[int]]) -> list[Row]:
+    connections = 2 * max(levels)
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    rows = []
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300, connect=30)) as client:
+        for target, (direct, router) in targets.items():
+            os.sched_setaffinity(0, client_cpus[target])
+            model = ENGINE_MODEL if target == "engine" else "canned"
+            # Warm-up: first-request code paths, and connections for the widest level (client
+            # to upstream or router, router to upstream). uvicorn closes a connection idle for
+            # 5 s, so a later level may still open some: both paths alike.
+            for base in (direct, router):
+                await run_level(client, base, model, 1, max(levels), max(levels))
+            for streams in levels:
+                row = Row(target, streams, [], [])
+                for _ in range(rounds):
+                    row.direct.append(await run_level(client, direct, model, tokens[target],
+                                                      streams, requests))
+                    row.router.append(await run_level(client, router, model, tokens[target],
+                                                      streams, requests))
+                rows.append(row)
+                print(f"  {target} x{streams}: done", file=sys.stderr, flush=True)
+    return rows
+
+
+# -- report ------------------------------------------------------------------------------------
+def med(values) -> float:
+    return statistics.median(values)
+
+
+def describe_machine() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        cpu = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                   if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        cpu = "unknown CPU"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           check=False, capture_output=True, text=True).stdout.strip()
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return (f"{cpu}; nproc {len(os.sched_getaffinity(0))}; "
+            f"{datetime.datetime.now().astimezone().isoformat(timespec='seconds')}; "
+            f"commit {commit}{' (modified)' if dirty else ''}; load average at start {load}")
+
+
+def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -> None:
+    sys.stderr.flush()
+    print(f"\n{machine}")
+    print(f"medians of {rounds} round(s); max_tokens: engine {tokens['engine']}, canned "
+          f"{tokens['canned']}; TTFT to the first chunk with content\n")
+    print("| upstream | streams | path | TTFT p50 ms | TTFT p99 ms | tok/s | added TTFT p50 ms "
+          "| added TTFT p99 ms | throughput ratio | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    verdicts: dict[str, list[str]] = {}
+    for row in rows:
+        for path, levels in (("direct", row.direct), ("router", row.router)):
+            errors = [e for level in levels for e in level.errors]
+            shown = f"{len(errors)} ({', '.join(sorted(set(errors))[:3])})" if errors else "0"
+            cells = [f"{1e3 * med(lv.percentile(0.5) for lv in levels):.1f}",
+                     f"{1e3 * med(lv.percentile(0.99) for lv in levels):.1f}",
+                     f"{med(lv.throughput for lv in levels):.0f}"]
+            if path == "direct":
+                cells += ["", "", ""]
+            else:
+                added50 = 1e3 * med(r.percentile(0.5) - d.percentile(0.5)
+                                    for d, r in zip(row.direct, row.router, strict=True))
+                added99 = 1e3 * med(r.percentile(0.99) - d.percentile(0.99)
+                                    for d, r in zip(row.direct, row.router, strict=True))
+                ratio = med(r.throughput / d.throughput
+                            for d, r in zip(row.direct, row.router, strict=True))
+                cells += [f"{added50:+.1f}", f"{added99:+.1f}", f"{ratio:.2f}"]
+                notes = verdicts.setdefault(row.target, [])
+                if not added50 <= 2.0:
+                    notes.append(f"added TTFT p50 {added50:+.1f} ms at {row.streams} streams")
+                if row.streams == 256 and not ratio >= 0.90:
+                    notes.append(f"throughput ratio {ratio:.2f} at 256 streams")
+            print(f"| {row.target} | {row.streams} | {path} | {' | '.join(cells)} | {shown} |")
+    measured_256 = any(row.streams == 256 for row in rows)
+    print("\ngoals: added TTFT p50 <= 2 ms at every level; throughput ratio >= 0.90 at 256 "
+          "streams" + ("" if measured_256 else " (256 streams not measured)"))
+    for target, notes in verdicts.items():
+        print(f"  {target}: {'met' if not notes else 'NOT met: ' + '; '.join(notes)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,8,64,256",
+                        help="comma-separated stream counts")
+    parser.add_argument("--tokens", type=int, default=64,
+                        help="max_tokens per request to the CPU engine")
+    parser.add_argument("--canned-tokens", type=int, default=256,
+                        help="max_tokens per request to the canned upstream")
+    parser.add_argument("--requests", type=int, default=16,
+                        help="least requests per level (streams run requests back to back)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--router-cpus", default=None,
+                        help="CPUs of the routers and the load generator (default: CPU 0 "
+                        "when there are two or more, else all); the upstreams get the rest")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: one round at 1 and 8 streams, 8 requests")
+    args = parser.parse_args()
+    if args.quick:
+        args.concurrency, args.rounds, args.requests = "1,8", 1, 8
+    levels = [int(n) for n in args.concurrency.split(",")]
+    if args.tokens + PROMPT_TOKEN_BUDGET > MAX_MODEL_LEN:
+        parser.error(f"--tokens must be at most {MAX_MODEL_LEN - PROMPT_TOKEN_BUDGET}")
+    tokens = {"engine": args.tokens, "canned": args.canned_tokens}
+    allowed = sorted(os.sched_getaffinity(0))
+    router_cpus = ({int(c) for c in args.router_cpus.split(",")} if args.router_cpus
+                   else {allowed[0]} if len(allowed) > 1 else set(allowed))
+    engine_cpus = set(allowed) - router_cpus or set(allowed)
+    machine = describe_machine() + (
+        f"; routers on CPUs {sorted(router_cpus)}, upstreams on {sorted(engine_cpus)}; load "
+        f"generator beside the router (engine rows) or the canned upstream (canned rows)")
+    # The load generator: beside the router for the engine (whose cores it must not take), beside
+    # the canned upstream for the canned target (the router, on its own core, is what is
+    # measured there: its ceiling).
+    client_cpus = {"engine": router_cpus, "canned": engine_cpus}
+    with tempfile.TemporaryDirectory(prefix="router-overhead-") as folder:
+        procs = Processes(Path(folder))
+        try:
+            targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus)
+            rows = asyncio.run(measure(targets, levels, tokens, args.requests, args.rounds,
+                                       client_cpus))
+        finally:
+            procs.stop()
+    report(rows, args.rounds, tokens, machine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
