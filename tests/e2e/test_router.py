@@ -327,3 +327,55 @@ def test_client_disconnect_stops_the_engine_generating(stream, cpu_engine, route
     assert cpu_engine.metric("vllm:generation_tokens_total") == settled
     assert settled - before < 400, "generated to max_tokens for nobody"
     assert stopped_after < 1.0
+
+
+def test_auto_offloads_when_the_accelerator_kv_cache_fills(tmp_path, cpu_engine,
+                                                           router_factory):
+    """The issue's stand-in: a second CPU engine with a small KV budget (512 tokens) as the
+    accelerator tier; one long prompt fills it past the threshold."""
+    small = start_engine(tmp_path, "--max-model-len", "512", "--kv-cache-gib", "0.0001",
+                         env=ONE_CORE[0])
+    try:
+        router = router_factory(tiers(small, cpu_engine, policy="auto",
+                                      offload={"holdSeconds": 0.5}))
+        client = client_for(router)
+
+        def tier_of_next_request() -> str:
+            raw = client.completions.with_raw_response.create(model=MODEL, prompt="Hi",
+                                                             max_tokens=2)
+            raw.parse()
+            return raw.headers["x-heteroserve-tier"]
+
+        assert tier_of_next_request() == "accelerator"
+        stop, started = threading.Event(), threading.Event()
+        prompt = [1] * 470  # 30 of the engine's 32 blocks once prefilled: 94 % > 90 %
+
+        def hold() -> None:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "ignore_eos": True,
+                    "stream": True}
+            with httpx.stream("POST", f"http://127.0.0.1:{small.port}/v1/completions",
+                              json=body, timeout=60) as response:
+                for _ in response.iter_lines():
+                    started.set()
+                    if stop.is_set():
+                        return
+
+        holder = threading.Thread(target=hold, daemon=True)
+        holder.start()
+        try:
+            wait_until(lambda: router.metric("heteroserve_router_upstream_kv_cache_usage",
+                                             tier="accelerator") > 0.9, 30,
+                       lambda: "the router never saw the accelerator's KV usage")
+            assert tier_of_next_request() == "cpu"
+            assert router.metric("heteroserve_router_offloads_total",
+                                 reason="accelerator_kv_pressure") == 1
+        finally:
+            stop.set()
+            holder.join(timeout=30)
+        wait_until(lambda: router.metric("heteroserve_router_upstream_kv_cache_usage",
+                                         tier="accelerator") < 0.8, 30,
+                   lambda: "the accelerator's KV usage did not fall")
+        wait_until(lambda: tier_of_next_request() == "accelerator", 10,
+                   lambda: "auto never moved back to the accelerator", interval=0.2)
+    finally:
+        stop_engine(small)
