@@ -1,10 +1,17 @@
 #define _GNU_SOURCE
 #include "threadpool.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -15,20 +22,39 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Spins before a worker sleeps: long enough to bridge the gaps between the tasks of one step. */
-#define SPINS_BEFORE_SLEEP 200000
+/* Every wait in the pool (a worker for the next task, the caller for the workers to finish)
+ * spins for a bounded time, then parks on a futex.
+ *
+ * Why spin: a decode step runs a few hundred tasks of a few microseconds each. On cores of its
+ * own a spinning waiter sees the store it waits for within ~100 ns, a parked one is woken in
+ * microseconds (tens in a VM, where waking an idle vCPU goes through the hypervisor).
+ * Why park: when another process shares the cores, the thread waited for may be descheduled for a
+ * whole time slice (milliseconds). A waiter that spins through it burns its own core's time for
+ * nothing, and the scheduler charges that time to the engine, so its threads, not the busy
+ * process, wait for the CPU next; two spinning threads that each take turns with a busy process
+ * stall each other for whole slices (20.6 tok/s where 1 thread made 90, in the issue).
+ * How long: the waits of a decode step are bimodal, under ~100 us while the other thread runs,
+ * milliseconds (a slice) once it was descheduled. 200 us covers the first kind and most gaps
+ * between two decode steps in a tight loop (60-250 us), so that on exclusive cores the threads
+ * rarely park; on shared cores it wastes at most 200 us per wait that lasts a slice. Measured on
+ * 2 cores (tests/bench/cpu_engine_shared_cores.py): 50 us lost a quarter with a busy process on
+ * every core, 100-1000 us did as well as 200.
+ * The bound is in time, not iterations: a `pause` takes 10 to 140 cycles depending on the CPU. */
+#define DEFAULT_SPIN_NS 200000
 
 struct hs_pool {
     int n;
     pthread_t *threads;
-    atomic_uint generation;   /* bumped for every task */
-    atomic_int pending;       /* workers still running the current task */
-    atomic_int sleepers;
+    long long spin_ns; /* how long a waiter spins before it parks */
+    /* Written by the caller for every task, read by the workers: the futex word they park on. */
+    _Alignas(64) atomic_uint generation; /* bumped for every task (and to stop) */
+    atomic_int sleepers;                 /* workers parked (or about to) on `generation` */
     atomic_int stop;
     hs_task task;
     void *ctx;
-    pthread_mutex_t lock;
-    pthread_cond_t wake;
+    /* Written by the workers, read by the caller: the futex word the caller parks on. */
+    _Alignas(64) atomic_int pending;     /* workers still running the current task */
+    atomic_int caller_parked;            /* the caller is parked (or about to) on `pending` */
 };
 
 typedef struct { hs_pool *pool; int ith; int cpu; } worker_arg;
@@ -41,6 +67,51 @@ static void pin(int cpu) {
     sched_setaffinity(0, sizeof set, &set);
 }
 
+/* The kernel compares *word with `expected` under its own lock and sleeps only if they are still
+ * equal, so a change (and its wake-up) between our last load and this call is never lost. */
+static void futex_wait(void *word, int expected) {
+    syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake(void *word, int count) {
+    syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
+}
+
+static long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* Spins while *word == value, at most spin_ns; returns the last value read. The clock is read
+ * every 16 pauses. */
+static unsigned spin_while_equal(atomic_uint *word, unsigned value, long long spin_ns) {
+    unsigned v = atomic_load_explicit(word, memory_order_acquire);
+    if (v != value || spin_ns <= 0) return v;
+    const long long until = now_ns() + spin_ns;
+    for (;;) {
+        for (int i = 0; i < 16; i++) {
+            CPU_RELAX();
+            if ((v = atomic_load_explicit(word, memory_order_acquire)) != value) return v;
+        }
+        if (now_ns() >= until) return v;
+    }
+}
+
+/* Spins while *word > 0, at most spin_ns; returns the last value read. */
+static int spin_while_positive(atomic_int *word, long long spin_ns) {
+    int v = atomic_load_explicit(word, memory_order_acquire);
+    if (v <= 0 || spin_ns <= 0) return v;
+    const long long until = now_ns() + spin_ns;
+    for (;;) {
+        for (int i = 0; i < 16; i++) {
+            CPU_RELAX();
+            if ((v = atomic_load_explicit(word, memory_order_acquire)) <= 0) return v;
+        }
+        if (now_ns() >= until) return v;
+    }
+}
+
 static void *worker(void *p) {
     worker_arg arg = *(worker_arg *)p;
     free(p);
@@ -48,41 +119,52 @@ static void *worker(void *p) {
     pin(arg.cpu);
     unsigned seen = 0; /* generation at creation: a task posted before this thread ran is not missed */
     for (;;) {
-        int spins = 0;
-        while (atomic_load_explicit(&pool->generation, memory_order_acquire) == seen &&
-               !atomic_load(&pool->stop)) {
-            if (++spins < SPINS_BEFORE_SLEEP) {
-                CPU_RELAX();
-                continue;
-            }
-            pthread_mutex_lock(&pool->lock);
+        unsigned gen = spin_while_equal(&pool->generation, seen, pool->spin_ns);
+        if (gen == seen) {
+            /* Announce, then re-check: the poster bumps `generation` before it reads `sleepers`
+             * (both seq_cst), so either it sees us and wakes us, or we see its new generation. */
             atomic_fetch_add(&pool->sleepers, 1);
-            while (atomic_load(&pool->generation) == seen && !atomic_load(&pool->stop))
-                pthread_cond_wait(&pool->wake, &pool->lock);
+            while ((gen = atomic_load(&pool->generation)) == seen) futex_wait(&pool->generation, (int)seen);
             atomic_fetch_sub(&pool->sleepers, 1);
-            pthread_mutex_unlock(&pool->lock);
-            spins = 0;
         }
-        if (atomic_load(&pool->stop)) return NULL;
-        seen = atomic_load(&pool->generation);
+        seen = gen;
+        if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
         pool->task(pool->ctx, arg.ith, pool->n);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        /* The last one out wakes the caller if it parked (same announce/re-check pairing). */
+        if (atomic_fetch_sub(&pool->pending, 1) == 1 && atomic_load(&pool->caller_parked))
+            futex_wake(&pool->pending, 1);
     }
+}
+
+/* HETEROSERVE_POOL_SPIN_US: how long a waiting thread spins before it parks, in microseconds;
+ * 0 parks at once; 10000 spins about as the pool did before it parked (its workers slept after
+ * some milliseconds, its caller never). */
+static long long spin_ns_from_env(void) {
+    const char *s = getenv("HETEROSERVE_POOL_SPIN_US");
+    if (!s || !*s) return DEFAULT_SPIN_NS;
+    char *end;
+    const double us = strtod(s, &end);
+    if (end == s || us < 0) return DEFAULT_SPIN_NS;
+    return us > 1e9 ? (long long)1e15 : (long long)(us * 1000.0);
 }
 
 hs_pool *hs_pool_create(int n, const int *cpus, int pin_caller) {
     if (n < 1) return NULL;
-    hs_pool *pool = calloc(1, sizeof *pool);
+    hs_pool *pool = aligned_alloc(64, (sizeof(hs_pool) + 63) / 64 * 64);
     if (!pool) return NULL;
+    memset(pool, 0, sizeof *pool);
     pool->n = n;
+    pool->spin_ns = spin_ns_from_env();
     pool->threads = calloc((size_t)n, sizeof(pthread_t));
-    pthread_mutex_init(&pool->lock, NULL);
-    pthread_cond_init(&pool->wake, NULL);
+    if (!pool->threads) {
+        free(pool);
+        return NULL;
+    }
     if (pin_caller && cpus) pin(cpus[0]);
     for (int i = 1; i < n; i++) {
         worker_arg *arg = malloc(sizeof *arg);
-        *arg = (worker_arg){pool, i, cpus ? cpus[i] : -1};
-        if (pthread_create(&pool->threads[i], NULL, worker, arg) != 0) {
+        if (arg) *arg = (worker_arg){pool, i, cpus ? cpus[i] : -1};
+        if (!arg || pthread_create(&pool->threads[i], NULL, worker, arg) != 0) {
             free(arg);
             pool->n = i;
             hs_pool_destroy(pool);
@@ -100,14 +182,15 @@ void hs_pool_run(hs_pool *pool, hs_task task, void *ctx) {
     pool->task = task;
     pool->ctx = ctx;
     atomic_store(&pool->pending, pool->n - 1);
-    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_seq_cst);
-    if (atomic_load(&pool->sleepers) > 0) {
-        pthread_mutex_lock(&pool->lock);
-        pthread_cond_broadcast(&pool->wake);
-        pthread_mutex_unlock(&pool->lock);
-    }
+    atomic_fetch_add(&pool->generation, 1);
+    if (atomic_load(&pool->sleepers) > 0) futex_wake(&pool->generation, INT_MAX);
     task(ctx, 0, pool->n);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) CPU_RELAX();
+    int left = spin_while_positive(&pool->pending, pool->spin_ns);
+    if (left > 0) {
+        atomic_store(&pool->caller_parked, 1); /* then re-check, as the workers do */
+        while ((left = atomic_load(&pool->pending)) > 0) futex_wait(&pool->pending, left);
+        atomic_store(&pool->caller_parked, 0);
+    }
 }
 
 int hs_pool_size(const hs_pool *pool) { return pool->n; }
@@ -115,12 +198,9 @@ int hs_pool_size(const hs_pool *pool) { return pool->n; }
 void hs_pool_destroy(hs_pool *pool) {
     if (!pool) return;
     atomic_store(&pool->stop, 1);
-    pthread_mutex_lock(&pool->lock);
-    pthread_cond_broadcast(&pool->wake);
-    pthread_mutex_unlock(&pool->lock);
+    atomic_fetch_add(&pool->generation, 1);
+    futex_wake(&pool->generation, INT_MAX);
     for (int i = 1; i < pool->n; i++) pthread_join(pool->threads[i], NULL);
-    pthread_mutex_destroy(&pool->lock);
-    pthread_cond_destroy(&pool->wake);
     free(pool->threads);
     free(pool);
 }

@@ -1,5 +1,9 @@
-/* A thread pool pinned to an explicit CPU list. The caller is thread 0; workers spin briefly
- * between tasks (a decode step runs a few hundred of them) and sleep when idle. */
+/* A thread pool pinned to an explicit CPU list. The caller is thread 0. A waiting thread (a worker
+ * between tasks, the caller for the workers) spins briefly, enough to bridge the gaps between the
+ * few hundred tasks of a decode step, then parks on a futex, so that an engine sharing its cores
+ * with a busy process does not burn the time slices of the threads it waits for.
+ * HETEROSERVE_POOL_SPIN_US, read by hs_pool_create, sets the spin in microseconds (default 200;
+ * 0: park at once; 10000: about the pool before it parked, whose caller never parked). */
 #ifndef HS_THREADPOOL_H
 #define HS_THREADPOOL_H
 
