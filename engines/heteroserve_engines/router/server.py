@@ -12,6 +12,7 @@ from ..protocol.router_config import RouterConfig
 from .app import create_app
 from .metrics import RouterMetrics
 from .service import RouterService, load_api_keys
+from .transport import UpstreamTransport
 from .upstreams import UpstreamPool
 
 log = logging.getLogger("heteroserve.router")
@@ -19,9 +20,10 @@ log = logging.getLogger("heteroserve.router")
 
 def build_service(config: RouterConfig) -> RouterService:
     keys = load_api_keys(config.api_keys_file) if config.api_keys_file else ()
-    # One client for every upstream; no pool cap below the router's own admission limits.
+    # One client for every upstream, over a transport whose connection reuse costs the same at
+    # 1 and at 256 requests in flight (transport.py); the router's admission bounds them.
     client = httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+        transport=UpstreamTransport(),
         timeout=httpx.Timeout(config.request_timeout_seconds,
                               connect=config.connect_timeout_seconds))
     metrics = RouterMetrics()
@@ -58,6 +60,9 @@ def serve(config: RouterConfig) -> int:
     server = DrainingServer(uvicorn.Config(
         app, host=config.listen.host, port=config.listen.port, log_level="warning",
         # Connections get the drain time plus a second to receive their final chunk.
-        timeout_graceful_shutdown=config.drain_seconds + 1), service)
+        timeout_graceful_shutdown=config.drain_seconds + 1,
+        # Longer than the usual 60 s idle timeout of load balancers in front: the balancer, not
+        # the router, closes idle client connections (no race on a reused one).
+        timeout_keep_alive=75), service)
     server.run()
     return 0

@@ -1,0 +1,96 @@
+"""The router's transport (router/transport.py) against a loopback HTTP/1.1 server written
+here: connections are reused, a kept-alive connection the server closed is replaced without
+failing the request, and errors are httpx's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from heteroserve_engines.router.transport import UpstreamTransport
+
+BODY = b'{"ok":true}'
+
+
+async def serve(close_after: int | None = None):
+    """A server answering every request with BODY; it closes each connection after
+    `close_after` requests (None: keeps it). Returns (server, port, connections opened)."""
+    opened = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        opened.append(writer)
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length")), 0)
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY))
+                await writer.drain()
+                served += 1
+                if close_after is not None and served >= close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], opened
+
+
+def test_sequential_requests_reuse_one_connection():
+    async def scenario():
+        server, port, opened = await serve()
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
+            for _ in range(20):
+                response = await client.post(f"http://127.0.0.1:{port}/x", content=b"{}")
+                assert response.content == BODY
+        server.close()
+        return len(opened)
+
+    assert asyncio.run(scenario()) == 1
+
+
+def test_concurrent_requests_open_one_connection_each_and_keep_them():
+    async def scenario():
+        server, port, opened = await serve()
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
+            for _ in range(3):
+                answers = await asyncio.gather(*(client.post(f"http://127.0.0.1:{port}/x",
+                                                             content=b"{}") for _ in range(8)))
+                assert all(a.content == BODY for a in answers)
+        server.close()
+        return len(opened)
+
+    assert asyncio.run(scenario()) == 8
+
+
+@pytest.mark.parametrize("pause", [0.0, 0.01], ids=["reused-at-once", "after-the-close"])
+def test_a_connection_closed_by_the_server_is_replaced_without_an_error(pause):
+    async def scenario():
+        server, port, opened = await serve(close_after=1)
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
+            for _ in range(5):
+                response = await client.post(f"http://127.0.0.1:{port}/x", content=b"{}")
+                assert response.content == BODY
+                await asyncio.sleep(pause)  # 0: reused as the server closes it
+        server.close()
+        return len(opened)
+
+    assert asyncio.run(scenario()) == 5
+
+
+def test_errors_are_httpx_errors():
+    async def scenario():
+        server, port, _ = await serve()
+        server.close()
+        await server.wait_closed()
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
+            await client.get(f"http://127.0.0.1:{port}/x")
+
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(scenario())
