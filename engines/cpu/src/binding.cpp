@@ -177,6 +177,29 @@ struct Model {
         return sample_rows(*pool, logits.data(), rows, vocab, temperature, top_k, top_p, state,
                            scratch);
     }
+    // The KV hand-off, one layer at a time: rows of the given cache slots as fp16 bytes
+    // ([n][n_head_kv * head_dim], K after RoPE).
+    size_t kv_row_bytes() const {
+        const hs_config *c = hs_model_config(m);
+        return (size_t)c->n_head_kv * c->head_dim * 2;
+    }
+    void write_kv(int layer, i32array slots, u8array k, u8array v) {
+        const size_t bytes = slots.size() * kv_row_bytes();
+        if (k.size() != bytes || v.size() != bytes)
+            throw std::invalid_argument("k and v must hold one fp16 row per slot");
+        int rc;
+        {
+            nb::gil_scoped_release release;
+            rc = hs_model_write_kv(m, layer, (int)slots.size(), slots.data(), k.data(), v.data());
+        }
+        if (rc != 0) throw std::invalid_argument("write_kv: layer or slot out of range");
+    }
+    std::pair<nb::bytes, nb::bytes> read_kv(int layer, i32array slots) {
+        std::string k(slots.size() * kv_row_bytes(), '\0'), v(k.size(), '\0');
+        if (hs_model_read_kv(m, layer, (int)slots.size(), slots.data(), k.data(), v.data()) != 0)
+            throw std::invalid_argument("read_kv: layer or slot out of range");
+        return {nb::bytes(k.data(), k.size()), nb::bytes(v.data(), v.size())};
+    }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
     size_t token_bytes() const { return hs_model_token_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
@@ -257,6 +280,9 @@ NB_MODULE(_kernels, mod) {
              nb::arg("nrc") = 0, nb::keep_alive<1, 2>())
         .def("set", &Model::set)
         .def("alloc_kv", &Model::alloc_kv)
+        .def("write_kv", &Model::write_kv, nb::arg("layer"), nb::arg("slots"), nb::arg("k"),
+             nb::arg("v"))
+        .def("read_kv", &Model::read_kv, nb::arg("layer"), nb::arg("slots"))
         .def("forward", &Model::forward)
         .def("sample", &Model::sample, nb::arg("tokens"), nb::arg("pos"), nb::arg("seq"),
              nb::arg("block_tables"), nb::arg("logit_index"), nb::arg("temperature"),

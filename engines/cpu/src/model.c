@@ -171,6 +171,36 @@ int hs_model_set(hs_model *m, int which, int layer, int type, int rows, int cols
     }
 }
 
+static int kv_rows_valid(const hs_model *m, int layer, int n, const int32_t *slots) {
+    if (!m->k_cache || layer < 0 || layer >= m->c.n_layer || n < 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= m->n_blocks * m->block_size) return 0;
+    return 1;
+}
+
+int hs_model_write_kv(hs_model *m, int layer, int n, const int32_t *slots, const void *k,
+                      const void *v) {
+    if (!kv_rows_valid(m, layer, n, slots)) return -1;
+    const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim, row = kvd * sizeof(hs_fp16);
+    const size_t layer_off = (size_t)layer * m->n_blocks * m->block_size * kvd;
+    for (int i = 0; i < n; i++) {
+        memcpy(m->k_cache + layer_off + (size_t)slots[i] * kvd, (const char *)k + i * row, row);
+        memcpy(m->v_cache + layer_off + (size_t)slots[i] * kvd, (const char *)v + i * row, row);
+    }
+    return 0;
+}
+
+int hs_model_read_kv(const hs_model *m, int layer, int n, const int32_t *slots, void *k, void *v) {
+    if (!kv_rows_valid(m, layer, n, slots)) return -1;
+    const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim, row = kvd * sizeof(hs_fp16);
+    const size_t layer_off = (size_t)layer * m->n_blocks * m->block_size * kvd;
+    for (int i = 0; i < n; i++) {
+        memcpy((char *)k + i * row, m->k_cache + layer_off + (size_t)slots[i] * kvd, row);
+        memcpy((char *)v + i * row, m->v_cache + layer_off + (size_t)slots[i] * kvd, row);
+    }
+    return 0;
+}
+
 int hs_model_alloc_kv(hs_model *m, int n_blocks, int block_size) {
     const size_t per = (size_t)m->c.n_layer * n_blocks * block_size * m->c.n_head_kv * m->c.head_dim;
     free(m->k_cache); free(m->v_cache);

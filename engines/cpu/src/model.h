@@ -46,6 +46,15 @@ size_t hs_model_weight_bytes(const hs_model *model);
 size_t hs_model_token_bytes(const hs_model *model);
 size_t hs_model_kv_bytes(const hs_model *model);
 
+/* The KV hand-off: copies n rows of one layer between the cache and caller buffers. Row i is
+ * cache slot slots[i] (block * block_size + offset); k and v are [n][n_head_kv * head_dim] fp16,
+ * K after RoPE. write: buffers -> cache (import); read: cache -> buffers (export). Returns 0, or
+ * -1 when the cache is not allocated or a layer or slot is out of range. */
+int hs_model_write_kv(hs_model *model, int layer, int n, const int32_t *slots, const void *k,
+                      const void *v);
+int hs_model_read_kv(const hs_model *model, int layer, int n, const int32_t *slots, void *k,
+                     void *v);
+
 /* One step over n tokens (any mix of prefill chunks and decode tokens of several sequences).
  * Token i of sequence seq[i] at position pos[i] has its K/V written to its slot, then attends to
  * positions 0..pos[i] of that sequence. block_tables is [n_seqs][max_blocks]. Logits are

@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-running", type=int, default=32)
     parser.add_argument("--max-waiting", type=int, default=256)
     parser.add_argument("--kernels", default="", help="force a kernel variant (tests)")
+    parser.add_argument("--kv-token-file", default=None,
+                        help="the deployment's KV hand-off token (enables pulling KV from a "
+                        "prefill engine, and keeping KV for a pull)")
+    parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
+                        help="seconds a kept KV waits for its pull before it is freed")
     return parser
 
 
@@ -66,6 +71,19 @@ def nrc_from(parser: argparse.ArgumentParser, flag: int | None) -> int:
     if value not in ("1", "2", "4"):
         parser.error(f"NRC must be 1, 2 or 4 (got {value!r})")
     return int(value)
+
+
+def kv_handoff(args: argparse.Namespace, reader, config, engine):
+    from ..kv_handoff.export import KvExports, load_kv_token
+    from ..protocol.kv import model_fingerprint
+    from .gguf_file import weights_identity
+    from .handoff import KvHandoff, ModelShape
+
+    token = load_kv_token(args.kv_token_file) if args.kv_token_file else None
+    shape = ModelShape(model_fingerprint(weights_identity(reader)),
+                       "neox" if config.rope_neox else "adjacent", config.n_layer,
+                       config.n_head_kv, config.head_dim)
+    return KvHandoff(engine, shape, KvExports(token, args.kv_handle_timeout), port=args.port)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
     engine.start()
     served = ServedModel(args.served_model_name or os.path.basename(path).split(".")[0],
                          engine, tokenizer, max_len, int(time.time()))
+    try:
+        served.handoff = kv_handoff(args, reader, config, engine)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     app = create_app(served, CollectorRegistry())
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",

@@ -14,6 +14,7 @@ is imported when such a file is opened. Format: https://github.com/ggml-org/ggml
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,3 +198,27 @@ def _block_size(name: str, kind: int) -> tuple[int, int]:
         return GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
     except (ValueError, KeyError):
         raise GGUFFormatError(f"tensor {name} has unknown type {kind}") from None
+
+
+# Tensors whose leading bytes stand for the weights in a model's identity (with every tensor's
+# name, type and shape): reading the whole file would take seconds for a large model.
+IDENTITY_TENSORS = ("token_embd.weight", "output_norm.weight", "blk.0.attn_k.weight",
+                    "blk.0.attn_v.weight")
+IDENTITY_SAMPLE_BYTES = 1 << 20
+
+
+def weights_identity(reader: GGUFFile) -> dict[str, Any]:
+    """What identifies the weights of a GGUF file, for the KV hand-off's model fingerprint
+    (`protocol.kv.model_fingerprint`): the same file gives the same identity in every engine,
+    whatever it requantizes to; another model, or another quantization of the file, does not."""
+    digest = hashlib.sha256()
+    by_name = {t.name: t for t in reader.tensors}
+    with reader.path.open("rb") as f:
+        for name in IDENTITY_TENSORS:
+            tensor = by_name.get(name)
+            if tensor is not None:
+                f.seek(tensor.data_offset)
+                digest.update(f.read(min(tensor.n_bytes, IDENTITY_SAMPLE_BYTES)))
+    return {"architecture": reader.get("general.architecture"),
+            "tensors": [[t.name, t.tensor_type, list(t.shape)] for t in reader.tensors],
+            "samples": digest.hexdigest()}

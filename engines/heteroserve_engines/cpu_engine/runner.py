@@ -49,6 +49,23 @@ class Delta:
     completion_tokens: int | None = None  # set on the final delta
 
 
+@dataclass
+class ImportedKv:
+    """KV rows another engine computed for the first `tokens` prompt tokens (the KV hand-off):
+    one (K rows, V rows) pair of fp16 bytes per layer, `tokens` rows each, K after RoPE."""
+
+    tokens: int
+    layers: list[tuple[bytes, bytes]]
+
+
+@dataclass
+class KeptKv:
+    """A finished sequence's KV kept for a pull: its blocks and the tokens they hold."""
+
+    blocks: list[int]
+    token_ids: list[int]
+
+
 _ids = itertools.count()
 _entropy = random.SystemRandom()
 _MASK64 = (1 << 64) - 1
@@ -70,6 +87,8 @@ class Sequence:
     first_token_at: float | None = None
     last_token_at: float | None = None
     rng_state: int = 0      # the sampler's generator state (64 bits), advanced per token
+    imported: ImportedKv | None = None  # written into its blocks at admission
+    keep_kv: bool = False   # at the end, keep its KV for another engine to pull (kept_kv)
 
     @property
     def tokens(self) -> list[int]:
@@ -103,6 +122,7 @@ class EngineStats:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     preemptions: int = 0
+    imported_tokens: int = 0  # prompt tokens whose KV came from another engine
 
 
 class EngineCore:
@@ -122,19 +142,26 @@ class EngineCore:
         self.observe = observe or (lambda _name, _value: None)
         self._lock = threading.Condition()
         self._aborted: set[int] = set()
+        self.kept: dict[int, KeptKv] = {}  # sequence id -> KV kept for a pull
+        self._released: list[int] = []     # kept KV to free at the next step
         self._stop = False
         self._thread: threading.Thread | None = None
 
     # -- requests (any thread) ---------------------------------------------------------------
-    def add(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[Delta], None]
-            ) -> Sequence:
+    def add(self, prompt_ids: list[int], params: SamplingParams, emit: Callable[[Delta], None],
+            imported: ImportedKv | None = None, keep_kv: bool = False) -> Sequence:
+        """`imported`: the KV of a prefix of the prompt, computed elsewhere; at most all but the
+        last prompt token is used (that one is computed here, for its logits). `keep_kv`: keep
+        the sequence's KV when it finishes, for another engine to pull (kept_layer)."""
         if not prompt_ids:
             raise PromptTooLong("the prompt is empty")
         if len(prompt_ids) + 1 > self.max_model_len:
             raise PromptTooLong(
                 f"the prompt has {len(prompt_ids)} tokens; this model's maximum context length is "
                 f"{self.max_model_len} tokens")
-        seq = Sequence(list(prompt_ids), params, emit)
+        seq = Sequence(list(prompt_ids), params, emit, keep_kv=keep_kv)
+        if imported is not None and imported.tokens > 0 and len(prompt_ids) > 1:
+            seq.imported = imported
         seed = params.seed if params.seed is not None else _entropy.getrandbits(64)
         seq.rng_state = seed & _MASK64
         with self._lock:
@@ -143,6 +170,24 @@ class EngineCore:
             self.waiting.append(seq)
             self._lock.notify()
         return seq
+
+    def kept_tokens(self, seq_id: int) -> list[int]:
+        """The tokens whose KV a finished sequence kept (KeyError when none is kept)."""
+        return self.kept[seq_id].token_ids
+
+    def kept_layer(self, seq_id: int, layer: int) -> tuple[bytes, bytes]:
+        """One layer's (K rows, V rows) of a kept sequence, fp16 (any thread: its blocks are
+        nobody else's until release_kv)."""
+        kept, size = self.kept[seq_id], self.block_size
+        slots = array("i", (kept.blocks[p // size] * size + p % size
+                            for p in range(len(kept.token_ids))))
+        return self.model.read_kv(layer, slots)
+
+    def release_kv(self, seq_id: int) -> None:
+        """Frees a kept sequence's blocks at the next step (pulled, or expired)."""
+        with self._lock:
+            self._released.append(seq_id)
+            self._lock.notify()
 
     def abort(self, seq: Sequence) -> None:
         """Frees the sequence at the next step (a client went away)."""
@@ -164,7 +209,8 @@ class EngineCore:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stop and not self.waiting and not self.running:
+                while (not self._stop and not self.waiting and not self.running
+                       and not self._released):
                     self._lock.wait()
                 if self._stop:
                     return
@@ -172,6 +218,12 @@ class EngineCore:
 
     # -- scheduling (engine thread) ----------------------------------------------------------
     def _reap_aborted(self) -> None:
+        with self._lock:
+            released, self._released = self._released, []
+        for seq_id in released:
+            kept = self.kept.pop(seq_id, None)
+            if kept is not None:
+                self.allocator.release(kept.blocks)
         with self._lock:
             aborted, self._aborted = self._aborted, set()
             if not aborted:
@@ -190,6 +242,19 @@ class EngineCore:
             return False
         seq.blocks.extend(got)
         return True
+
+    def _import(self, seq: Sequence) -> None:
+        """Writes the imported KV rows into the sequence's blocks: those prompt positions count
+        as computed (a preemption later drops them like any other)."""
+        kv, size = seq.imported, self.block_size
+        seq.imported = None
+        used = min(kv.tokens, len(seq.prompt_ids) - 1)
+        slots = array("i", (seq.blocks[p // size] * size + p % size for p in range(used)))
+        row = len(kv.layers[0][0]) // kv.tokens
+        for layer, (k_rows, v_rows) in enumerate(kv.layers):
+            self.model.write_kv(layer, slots, k_rows[:used * row], v_rows[:used * row])
+        seq.num_computed = used
+        self.stats.imported_tokens += used
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: its KV is dropped, its tokens (prompt + output) are kept."""
@@ -228,6 +293,10 @@ class EngineCore:
                 if not self.waiting:
                     break
                 seq = self.waiting[0]
+            if seq.imported is not None:
+                if not self._ensure_blocks(seq, len(seq.prompt_ids)):
+                    break
+                self._import(seq)
             chunk = min(len(seq.tokens) - seq.num_computed, budget)
             if not self._ensure_blocks(seq, seq.num_computed + chunk):
                 break
@@ -318,7 +387,11 @@ class EngineCore:
         seq.finish_reason = reason
         if seq in self.running:
             self.running.remove(seq)
-        self.allocator.release(seq.blocks)
+        if seq.keep_kv and reason != "abort" and seq.num_computed:
+            self.kept[seq.id] = KeptKv(seq.blocks, seq.tokens[:seq.num_computed])
+            seq.blocks = []
+        else:
+            self.allocator.release(seq.blocks)
         if emit:
             seq.emit(Delta(seq.text[seq.sent:], [], reason, len(seq.output_ids)))
             seq.sent = len(seq.text)

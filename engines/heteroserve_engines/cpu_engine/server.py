@@ -27,6 +27,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -52,7 +53,8 @@ from ..protocol.openai import (
     Usage,
     sse,
 )
-from .runner import Delta, EngineCore, PromptTooLong, QueueFull, SamplingParams
+from .handoff import KvHandoff
+from .runner import Delta, EngineCore, ImportedKv, PromptTooLong, QueueFull, SamplingParams
 from .tokenizer import GGUFTokenizer
 
 # How often a request checks that its client is still there.
@@ -66,6 +68,7 @@ class ServedModel:
     tokenizer: GGUFTokenizer
     max_model_len: int
     created: int
+    handoff: KvHandoff | None = None  # the KV hand-off (import, and export for a pull)
 
 
 class EngineCounters(Collector):
@@ -81,7 +84,9 @@ class EngineCounters(Collector):
                 ("vllm:prompt_tokens", "Prompt tokens computed", stats.prompt_tokens),
                 ("vllm:generation_tokens", "Tokens generated", stats.generated_tokens),
                 ("vllm:num_preemptions", "Sequences preempted (KV cache full; recomputed "
-                 "later)", stats.preemptions)):
+                 "later)", stats.preemptions),
+                ("heteroserve:kv_imported_tokens", "Prompt tokens whose KV was imported from "
+                 "another engine (not computed here)", stats.imported_tokens)):
             family = CounterMetricFamily(name, doc, labels=["model_name"])
             family.add_metric(labels, value)
             yield family
@@ -164,13 +169,18 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                               top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stops(),
                               ignore_eos=req.ignore_eos)
 
-    async def generate(request: Request, prompt_ids: list[int], sampling: SamplingParams
-                       ) -> AsyncIterator[Delta]:
+    async def generate(request: Request, prompt_ids: list[int], sampling: SamplingParams,
+                       imported: ImportedKv | None = None, keep_kv: bool = False,
+                       started: list | None = None) -> AsyncIterator[Delta]:
+        """`started` receives the engine's Sequence (for the KV export after it finishes)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta] = asyncio.Queue()
         try:
             seq = served.engine.add(prompt_ids, sampling,
-                                    lambda d: loop.call_soon_threadsafe(queue.put_nowait, d))
+                                    lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
+                                    imported=imported, keep_kv=keep_kv)
+            if started is not None:
+                started.append(seq)
         except QueueFull as error:
             raise ApiError(429, f"the engine is at capacity: {error}; retry later",
                            code="queue_full", headers={"Retry-After": "1"}) from None
@@ -215,9 +225,19 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         else:
             prompt_ids = tok.encode(req.prompt)
         sampling = params(req, len(prompt_ids))
+        transfer, imported, keep_kv, started = req.kv_transfer_params, None, False, []
+        if transfer and (transfer.do_remote_decode or transfer.do_remote_prefill):
+            if served.handoff is None:
+                raise ApiError(400, "kv_transfer_params: this engine has no KV hand-off",
+                               param="kv_transfer_params")
+            if transfer.do_remote_decode:  # a prefill for another engine: one token, KV kept
+                served.handoff.check_export(req.stream)
+                sampling.max_tokens, keep_kv = 1, True
+            else:
+                imported = await served.handoff.pull(transfer, prompt_ids)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
-        deltas = generate(request, prompt_ids, sampling)
+        deltas = generate(request, prompt_ids, sampling, imported, keep_kv, started)
         first = await anext(deltas)  # errors surface here, before any byte is sent
 
         async def all_deltas():
@@ -241,7 +261,10 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                 answer = Completion(id=rid, created=created, model=served.name, usage=usage,
                                     choices=[CompletionChoice(text=echo + text,
                                                               finish_reason=reason)])
-            return JSONResponse(answer.model_dump())
+            document = answer.model_dump()
+            if keep_kv and started and started[0].id in served.engine.kept:
+                document["kv_transfer_params"] = served.handoff.export(started[0]).model_dump()
+            return JSONResponse(document)
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -291,11 +314,18 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
     async def api_error(_request: Request, error: ApiError) -> Response:
         return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
-    return Starlette(
-        routes=[Route("/v1/completions", completions, methods=["POST"]),
-                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                Route("/v1/models", models), Route("/health", health),
-                Route("/metrics", metrics_route)],
-        exception_handlers={ApiError: api_error},
-    )
+    async def http_error(_request: Request, error: HTTPException) -> Response:
+        return await api_error(_request, ApiError(
+            error.status_code, f"{_request.method} {_request.url.path}: {error.detail}",
+            code="not_found" if error.status_code == 404 else "method_not_allowed",
+            headers=dict(error.headers or {})))
+
+    routes = [Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/models", models), Route("/health", health),
+              Route("/metrics", metrics_route)]
+    if served.handoff is not None:
+        routes.append(Route("/v1/kv/{handle}", served.handoff.exports.route, methods=["GET"]))
+    return Starlette(routes=routes,
+                     exception_handlers={ApiError: api_error, HTTPException: http_error})
 

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .kv import KvTransferParams
+
 # -- errors ---------------------------------------------------------------------------------------
 
 
@@ -77,6 +79,9 @@ class CommonRequest(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False
+    # The KV hand-off (vLLM's disaggregated-serving field): do_remote_decode asks a prefill
+    # engine to keep the prompt's KV; do_remote_prefill tells a decode engine where to pull it.
+    kv_transfer_params: KvTransferParams | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
