@@ -62,6 +62,11 @@ class TierConfig(ConfigModel):
                                  "stops admitting to it.")
     same_node: bool = Field(default=False, description="These engines share the router's node "
                             "(sysHAX placement): preferred for offload.")
+    kv_export: bool = Field(default=False, description="These engines keep a prefill's KV for "
+                            "a pull (kv_transfer_params do_remote_decode): the accelerator side "
+                            "of a split.")
+    kv_import: bool = Field(default=False, description="These engines continue from pulled KV "
+                            "(do_remote_prefill): the CPU side of a split.")
 
     @field_validator("urls")
     @classmethod
@@ -143,6 +148,12 @@ class RouterConfig(ConfigModel):
         """The file form: camelCase keys, every field (a null says "off", e.g. no health path:
         its default is not null), YAML-ready."""
         return self.model_dump(mode="json", by_alias=True)
+
+    @property
+    def kv_handoff(self) -> bool:
+        """Whether a split is possible: the accelerator exports KV and the CPU tier imports it."""
+        return bool(self.accelerator and self.accelerator.kv_export and self.cpu
+                    and self.cpu.kv_import)
 
     def tier(self, name: TierName) -> TierConfig | None:
         return self.accelerator if name == "accelerator" else self.cpu

@@ -45,6 +45,10 @@ class RouterMetrics:
         self.offloads = Counter(
             "heteroserve_router_offloads", "auto decisions that moved a request off the "
             "accelerator", ["reason"], registry=r)
+        self.kv_handoffs = Counter(
+            "heteroserve_router_kv_handoffs", "Split requests by outcome: ok, prefill_failed "
+            "(no KV handle: the CPU computed the prompt), decode_refused (the CPU engine refused "
+            "the KV: it computed the prompt)", ["outcome"], registry=r)
         self.refused = Counter(
             "heteroserve_router_refused", "Requests answered by the router itself with an error "
             "(status and code)", ["status", "code"], registry=r)

@@ -14,10 +14,12 @@ triggered", generalised to any accelerator engine that exports vLLM's metrics):
 - Under pressure, new requests go to the CPU tier while a CPU engine has batch room
   (`cpuMaxBatchSize` requests from this router) and decodes at least `minCpuTokensPerSecond` per
   sequence (measured from its generated-token counter; an idle engine counts as fast). A CPU
-  engine on the router's node is preferred (no network hop; the sysHAX placement). Requests go
-  whole until the KV hand-off exists; a split (prefill on the accelerator) needs it.
+  engine on the router's node is preferred (no network hop; the sysHAX placement).
 - Hysteresis: offloading, once on, stays on for at least `holdSeconds` and until the accelerator's
   KV usage is `hysteresis` below the threshold with nothing waiting and no new preemption.
+- With the KV hand-off (the accelerator tier exports KV, the CPU tier imports it), an offloaded
+  request is split: the accelerator computes the prompt and the CPU engine pulls its KV and
+  decodes; without it (or with the accelerator at its limit) the CPU tier recomputes the prompt.
 - When the CPU tier is full or slow, the accelerator still takes the request (its own queue is
   the right place to wait) unless it is at `maxConcurrency`; when every tier is full, 429.
 """
@@ -94,6 +96,7 @@ class Decision:
     message: str = ""
     offload: bool = False  # an auto decision that moved the request off the accelerator
     fallbacks: tuple[UpstreamState, ...] = field(default=())  # other tier, for retries
+    prefill: tuple[UpstreamState, ...] = field(default=())  # split: who prefills, in order
 
 
 def _refuse(status: int, reason: str, message: str) -> Decision:
@@ -152,8 +155,8 @@ def cpu_candidates(snapshot: Snapshot, offload: Offload) -> tuple[list[UpstreamS
     return sorted(fast, key=lambda u: (not u.same_node, u.load)), ""
 
 
-def decide_auto(snapshot: Snapshot, offload: Offload, state: OffloadState, now: float
-                ) -> tuple[Decision, OffloadState]:
+def decide_auto(snapshot: Snapshot, offload: Offload, state: OffloadState, now: float,
+                kv_handoff: bool = False) -> tuple[Decision, OffloadState]:
     accel = snapshot.healthy("accelerator")
     if not snapshot.tier("accelerator"):  # a CPU-only deployment
         return _one_tier(snapshot, "cpu", "cpu_only"), state
@@ -177,8 +180,12 @@ def decide_auto(snapshot: Snapshot, offload: Offload, state: OffloadState, now: 
     if state.offloading:
         cpu, why = cpu_candidates(snapshot, offload)
         if cpu:
+            # With the hand-off, the accelerator still prefills (fast TTFT, its KV freed at
+            # once) unless it is at its concurrency limit; else the CPU computes the prompt.
+            split = kv_handoff and bool(accel_room)
             return Decision("cpu", state.cause or "offload_hold", tuple(cpu), offload=True,
-                            fallbacks=tuple(accel_room)), state
+                            fallbacks=tuple(accel_room), mode="split" if split else "whole",
+                            prefill=tuple(accel_room) if split else ()), state
         if accel_room:
             return Decision("accelerator", why, tuple(accel_room)), state
         return _refuse(429, "all_full", "the accelerator and CPU tiers are at capacity; "
@@ -204,5 +211,10 @@ def decide(policy: Policy, request: RequestInfo, snapshot: Snapshot, offload: Of
                            "use policy auto, accelerator or cpu"), state
         decision = _one_tier(snapshot, "cpu", "policy_split",
                              limit=offload.cpu_max_batch_size)
-        return replace(decision, mode="split") if decision.tier else decision, state
-    return decide_auto(snapshot, offload, state, now)
+        if decision.tier is None:
+            return decision, state
+        prefill = _one_tier(snapshot, "accelerator", "policy_split")
+        if prefill.tier is None:
+            return prefill, state
+        return replace(decision, mode="split", prefill=prefill.candidates), state
+    return decide_auto(snapshot, offload, state, now, kv_handoff)

@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -169,7 +169,7 @@ class RouterService:
         info = RequestInfo(attempt.kind, request.stream, request.completion_limit)
         decision, self.offload_state = decide(
             self.config.policy, info, self.pool.snapshot(), self.config.offload,
-            self.offload_state, self.clock())
+            self.offload_state, self.clock(), kv_handoff=self.config.kv_handoff)
         attempt.decision = decision
         self.metrics.offloading.set(1 if self.offload_state.offloading else 0)
         self.metrics.decisions.labels(self.config.policy, decision.tier or "none", decision.mode,
@@ -181,7 +181,72 @@ class RouterService:
                            headers=headers)
         if decision.offload:
             self.metrics.offloads.labels(decision.reason).inc()
+        if decision.mode == "split":
+            return await self._split(attempt, payload, request.stream, decision, disconnected)
         return await self._proxy(attempt, payload, request.stream, decision, disconnected)
+
+    async def _split(self, attempt: Attempt, payload: dict, stream: bool, decision: Decision,
+                     disconnected: Callable[[], Awaitable[None]]) -> Response:
+        """Prefill on the accelerator (one token, its KV kept under a handle), then the decode
+        on a CPU engine that pulls that KV (vLLM's disaggregated-serving exchange: the prefill
+        answers `kv_transfer_params`, passed on to the decode). A prefill that fails or returns
+        no handle, or a decode engine that refuses the KV, falls back to the CPU computing the
+        prompt itself; each outcome is counted."""
+        params = await self._prefill(attempt, payload, decision, disconnected)
+        whole = replace(decision, mode="whole", fallbacks=())
+        if params is None:
+            self.metrics.kv_handoffs.labels("prefill_failed").inc()
+            return await self._proxy(attempt, payload, stream, whole, disconnected)
+        decode_payload = {**payload, "kv_transfer_params": params}
+        for candidate in decision.candidates:
+            upstream = self.pool.get(candidate.url)
+            if upstream is None:
+                continue
+            outcome = await self._try(attempt, upstream, decode_payload, stream, disconnected,
+                                      last=False, refusals_retry=True)
+            if isinstance(outcome, Response):
+                self.metrics.kv_handoffs.labels("ok").inc()
+                return outcome
+            self.metrics.kv_handoffs.labels("decode_refused").inc()
+            log.warning("request %s: %s refused the KV hand-off (%s): the CPU computes the "
+                        "prompt", attempt.id, upstream.url, outcome.code)
+            break
+        return await self._proxy(attempt, payload, stream, whole, disconnected)
+
+    async def _prefill(self, attempt: Attempt, payload: dict, decision: Decision,
+                       disconnected: Callable[[], Awaitable[None]]) -> dict | None:
+        """The split's first half: the kv_transfer_params the decode engine needs, or None."""
+        body = {k: v for k, v in payload.items() if k not in ("stream", "stream_options",
+                                                                "max_completion_tokens")}
+        body.update(max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+        for candidate in decision.prefill[: self.config.retries + 1]:
+            upstream = self.pool.get(candidate.url)
+            if upstream is None:
+                continue
+            upstream.in_flight += 1
+            self.metrics.in_flight.labels(upstream.tier).inc()
+            try:
+                request = self._upstream_request(upstream, body, False, attempt)
+                response = await _race(self.client.send(request), disconnected)
+                answer = response.json() if response.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError) as error:
+                if isinstance(error, httpx.ConnectError):
+                    upstream.mark_down(str(error))
+                self.metrics.upstream_errors.labels(upstream.tier, "prefill").inc()
+                continue
+            finally:
+                upstream.in_flight -= 1
+                self.metrics.in_flight.labels(upstream.tier).dec()
+            params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+            if isinstance(params, dict) and params.get("remote_handle"):
+                # The engine knows its port, not the address the router reached it at.
+                parts = httpx.URL(upstream.url)
+                params.setdefault("remote_host", None)
+                params["remote_host"] = params["remote_host"] or parts.host
+                params["remote_port"] = params.get("remote_port") or parts.port
+                return params
+            self.metrics.upstream_errors.labels(upstream.tier, "prefill").inc()
+        return None
 
     async def _proxy(self, attempt: Attempt, payload: dict, stream: bool, decision: Decision,
                      disconnected: Callable[[], Awaitable[None]]) -> Response:
@@ -218,10 +283,11 @@ class RouterService:
                      "x-request-id": attempt.id})
 
     async def _try(self, attempt: Attempt, upstream: Upstream, payload: dict, stream: bool,
-                   disconnected: Callable[[], Awaitable[None]], last: bool
-                   ) -> Response | ApiError:
+                   disconnected: Callable[[], Awaitable[None]], last: bool,
+                   refusals_retry: bool = False) -> Response | ApiError:
         """One upstream: a Response once its headers are in (the relay then owns it), else the
-        error to answer if no other upstream succeeds."""
+        error to answer if no other upstream succeeds. `refusals_retry`: a 4xx is returned as
+        an error too (the split's decode: a refused KV falls back)."""
         attempt.tier, attempt.upstream = upstream.tier, upstream.url
         attempt.tiers_tried.append(upstream.tier)
         tier = upstream.tier
@@ -248,7 +314,8 @@ class RouterService:
             if response.status_code >= 400:
                 error = await _upstream_error(response, tier)
                 self.metrics.upstream_errors.labels(tier, f"http_{response.status_code}").inc()
-                retryable = response.status_code >= 500 or response.status_code == 429
+                retryable = (response.status_code >= 500 or response.status_code == 429
+                             or refusals_retry)
                 if retryable and not last:
                     return error
                 self._finish(attempt, "upstream_error" if retryable else "upstream_refused",

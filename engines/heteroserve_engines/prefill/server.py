@@ -1,0 +1,76 @@
+"""The HTTP routes (Starlette): /v1/completions, /v1/chat/completions (SSE when streaming),
+/v1/models, /health, /metrics and GET /v1/kv/{handle} (the KV pull). Each parses the body,
+calls the serving object and encodes its answer; every error is OpenAI-shaped."""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..kv_handoff.export import KvExports
+from ..protocol.openai import SSE_MEDIA_TYPE, ApiError
+from .serving import OpenAIServing
+
+
+def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRegistry
+               ) -> Starlette:
+    async def answer(request: Request, chat: bool) -> Response:
+        try:
+            payload = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "the request body is not valid JSON") from None
+        result = await serving.create(payload, chat, request.is_disconnected)
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type=SSE_MEDIA_TYPE)
+
+    async def completions(request: Request) -> Response:
+        return await answer(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await answer(request, chat=True)
+
+    async def models(_request: Request) -> Response:
+        return JSONResponse(serving.models())
+
+    async def health(_request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics(_request: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def api_error(_request: Request, error: ApiError) -> Response:
+        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+    async def http_error(request: Request, error: HTTPException) -> Response:
+        message = {404: f"no route {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(
+                       error.status_code, str(error.detail))
+        return await api_error(request, ApiError(
+            error.status_code, message, headers=dict(error.headers or {}),
+            code="not_found" if error.status_code == 404 else "method_not_allowed"))
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette):
+        try:
+            yield
+        finally:
+            exports.release_all()
+
+    return Starlette(
+        routes=[Route("/v1/completions", completions, methods=["POST"]),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+                Route("/health", health, methods=["GET"]),
+                Route("/metrics", metrics, methods=["GET"]),
+                Route("/v1/kv/{handle}", exports.route, methods=["GET"])],
+        exception_handlers={ApiError: api_error, HTTPException: http_error},
+        lifespan=lifespan,
+    )
