@@ -9,6 +9,8 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 # The compiled CPU kernels (engines/cpu): rebuilt when a source file changes.
 ENGINE_SOURCES := $(sort $(wildcard engines/cpu/src/*) engines/cpu/CMakeLists.txt engines/cpu/pyproject.toml)
 ENGINE_STAMP := $(VENV)/.engine-$(shell cat $(ENGINE_SOURCES) | sha1sum | cut -c1-12)
+# PyTorch for the builtin prefill engine (the `prefill` extra; pip keeps the wheels cached).
+TORCH_STAMP := $(VENV)/.torch-$(shell sha1sum pyproject.toml | cut -c1-12)
 # llama.cpp (PyPI llama-cpp-python, built here from source; pip caches the built wheel in
 # ~/.cache/pip): the peer the CPU engine is checked and benchmarked against.
 LLAMA_CPP_VERSION := 0.3.36
@@ -60,6 +62,11 @@ $(LLAMA_STAMP): $(STAMP)
 	$(VENV)/bin/pip install -q diskcache
 	touch $@
 
+$(TORCH_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -q -e '.[test,prefill]'
+	rm -f $(VENV)/.torch-*
+	touch $@
+
 venv: $(STAMP) $(ENGINE_STAMP)
 engine: $(ENGINE_STAMP)
 
@@ -82,16 +89,16 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: venv $(LLAMA_STAMP) tools arm-toolchain lint
+test: venv $(TORCH_STAMP) $(LLAMA_STAMP) tools arm-toolchain lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-unit: venv
+unit: venv $(TORCH_STAMP)
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: venv tools
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
-e2e: venv $(LLAMA_STAMP) arm-toolchain
+e2e: venv $(TORCH_STAMP) $(LLAMA_STAMP) arm-toolchain
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 cluster-up: venv tools

@@ -9,6 +9,7 @@ SmolLM2) in PyTorch on any torch device, from the same GGUF file as the CPU engi
 - `sequence`: one request's tokens, detokenized text and stop handling;
 - `engine`: the scheduler (waiting and running queues, batched prefill, decode steps,
   preemption) and the KV kept for export;
-- `serving`: OpenAI requests -> engine -> OpenAI responses, KV handles (no HTTP);
+- `kv_export`: a finished prefill's prompt KV under a `kv_handoff` handle (the hand-off);
+- `serving`: OpenAI requests -> engine -> OpenAI responses (no HTTP);
 - `metrics`, `server`, `__main__`: Prometheus metrics, the Starlette routes, the CLI.
 """
