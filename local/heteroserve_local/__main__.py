@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--upstream", action="append", default=[], metavar="TIER=URL",
                      help="use an engine already running at URL for the tier (accelerator or "
                           "cpu) instead of starting one; repeatable")
+    run.add_argument("--prefill-device", default=None, metavar="DEVICE",
+                     help="torch device of the builtin prefill engine on this machine (e.g. "
+                     "cpu, cuda:1), whatever accelerator the spec names")
     run.add_argument("--drain-seconds", type=float, default=5.0,
                      help="on Ctrl-C/SIGTERM, how long in-flight requests may finish before "
                           "they end with a final error chunk (default 5)")
@@ -142,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
                else Path(tempfile.mkdtemp(prefix="heteroserve-run-")))
     try:
         options = LocalOptions(run_dir, args.host, args.port, parse_upstreams(args.upstream),
-                               args.drain_seconds)
+                               args.drain_seconds, args.prefill_device)
         local = plan(name, spec, machine_facts(topology, spec), options,
                      Machine(which=which, is_dir=os.path.isdir))
         if args.dry_run:

