@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def stop_process(proc: subprocess.Popen | None, grace: float = 20) -> None:

@@ -32,21 +32,21 @@ from pathlib import Path
 
 import httpx
 
-from tests.cluster.harness import free_port
-from tests.processes import stop_process
+from tests.processes import free_port, stop_process
 
 MODEL = "smollm2"
 MAX_MODEL_LEN = 8192
 
 
-def start(folder: Path, name: str, argv: list[str], cpu: int) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, name: str, argv: list[str], cpus: list[int]
+          ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(folder / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen([sys.executable, "-m", *argv, "--port", str(port)],
-                            env={**os.environ, "OMP_NUM_THREADS": "1",
-                                 "CUSTOM_CPU_AFFINITY": str(cpu)},
+                            env={**os.environ, "OMP_NUM_THREADS": str(len(cpus)),
+                                 "CUSTOM_CPU_AFFINITY": ",".join(map(str, cpus))},
                             stdout=log, stderr=subprocess.STDOUT)
-    os.sched_setaffinity(proc.pid, {cpu})
+    os.sched_setaffinity(proc.pid, set(cpus))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -77,9 +77,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--exporter", choices=["cpu", "prefill"], default="cpu")
     parser.add_argument("--device", default="cpu", help="the prefill engine's torch device")
+    parser.add_argument("--model", default=None, help="GGUF file (default: the embedded SmolLM2)")
+    parser.add_argument("--decoder-threads", type=int, default=1,
+                        help="CPUs of the decode engine (the last ones); the exporter gets the "
+                        "first")
+    parser.add_argument("--exporter-args", default="",
+                        help="extra arguments of the exporting engine (space-separated)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     cpus = sorted(os.sched_getaffinity(0))
+    decoder_cpus = cpus[-args.decoder_threads:]
     rng = random.Random(0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="kv-handoff-") as name:
@@ -87,18 +94,20 @@ def main() -> int:
         token = secrets.token_urlsafe(24)
         (folder / "kv-token").write_text(token)
         common = ["--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
-                  "--kv-token-file", str(folder / "kv-token")]
+                  "--kv-token-file", str(folder / "kv-token"),
+                  *(["--model", args.model] if args.model else [])]
         exporter_argv = (["heteroserve_engines.prefill", "--device", args.device,
                           "--kv-budget-tokens", str(2 * MAX_MODEL_LEN), *common]
                          if args.exporter == "prefill" else
                          ["heteroserve_engines.cpu_engine", "--kv-cache-gib", "0.5", *common])
+        exporter_argv += args.exporter_args.split()
         procs = []
         try:
-            proc, exporter = start(folder, "exporter", exporter_argv, cpus[0])
+            proc, exporter = start(folder, "exporter", exporter_argv, [cpus[0]])
             procs.append(proc)
             proc, decoder = start(folder, "decoder", ["heteroserve_engines.cpu_engine",
                                                       "--kv-cache-gib", "0.5", *common],
-                                  cpus[-1])
+                                  decoder_cpus)
             procs.append(proc)
             for length in lengths:
                 pulls, handoffs, recomputes, sizes = [], [], [], []
@@ -133,8 +142,9 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     print(f"{cpu}; nproc {len(cpus)}; commit {commit}; exporter {args.exporter}"
-          f"{' on ' + args.device if args.exporter == 'prefill' else ''} on CPU {cpus[0]}, "
-          f"decoder on CPU {cpus[-1]} (one thread each); medians of {args.rounds}\n")
+          f"{' on ' + args.device if args.exporter == 'prefill' else ''} (process on CPU "
+          f"{cpus[0]}), decoder on {len(decoder_cpus)} CPU(s) {decoder_cpus[0]}-"
+          f"{decoder_cpus[-1]}; medians of {args.rounds}\n")
     print("| prompt tokens | KV on the wire (MiB) | pull (ms) | pull (GB/s) | hand-off TTFT (ms) "
           "| recompute TTFT (ms) | recompute / hand-off |")
     print("|---|---|---|---|---|---|---|")

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import httpx
 import yaml
+
+from tests.processes import free_port
 
 from .catalogue import NRT_GROUP, NRT_PLURAL, FakeNode, load_catalogue
 from .pki import ClusterPKI
@@ -47,12 +48,6 @@ FALLBACK_HINT = (
 
 class HarnessError(RuntimeError):
     """The control plane could not be built or started; the message says what is missing."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ensure_binaries(build: bool = True, log: Callable[[str], None] = print) -> float:

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# PD offload on the GPU server (the `device` machine: no network, a carried working tree): the
+# builtin prefill engine on CUDA, the CPU engine on the host cores, the router's split between
+# them. Two calls on one warm machine, because SmolLM2's GGUF (98 MB) is larger than one call
+# may carry: the first carries .whl (the Python wheels the image lacks) and the model's first
+# part and runs `device_pd.sh stage`; the second carries the other parts and runs
+# `device_pd.sh run`. Parts: `split -b 34M -d <gguf> .devcarry/part`, then part00 in
+# .devcarry/p1, part01 in .devcarry/p2, part02 in .devcarry/p3.
+# Writes $OUT/split.txt and $OUT/kv-handoff.txt.
+set -euo pipefail
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+if [ "${1:-}" = stage ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+  cp .devcarry/p1/part00 /tmp/part00
+  exit 0
+fi
+export PYTHONPATH=/tmp/site:$PWD/engines:$PWD PYTHONUNBUFFERED=1
+cat /tmp/part00 .devcarry/p2/part01 .devcarry/p3/part02 > /tmp/smollm2.gguf
+python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./engines/cpu
+nvidia-smi -L | tee "$out/machine.txt"
+lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/machine.txt"
+python3 -m tests.bench.split_agreement --device cuda --model /tmp/smollm2.gguf --prompts 50 \
+  --decoder-threads 8 ${PREFILL_ARGS:+--prefill-args "$PREFILL_ARGS"} | tee "$out/split.txt"
+python3 -m tests.bench.kv_handoff --exporter prefill --device cuda --model /tmp/smollm2.gguf \
+  --decoder-threads 8 --rounds 3 ${PREFILL_ARGS:+--exporter-args "$PREFILL_ARGS"} \
+  | tee "$out/kv-handoff.txt"
