@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def local_secrets(name: str) -> dict[str, dict[str, str]]:
+    """The Secrets a run's pods may mount, made fresh for this run: the KV hand-off token."""
+    import secrets
+
+    from heteroserve_operator.render import kv_token
+
+    return {f"{name}-kv-token": {kv_token.TOKEN_KEY: secrets.token_urlsafe(32)}}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["router"]:
@@ -145,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                else Path(tempfile.mkdtemp(prefix="heteroserve-run-")))
     try:
         options = LocalOptions(run_dir, args.host, args.port, parse_upstreams(args.upstream),
-                               args.drain_seconds, args.prefill_device)
+                               args.drain_seconds, args.prefill_device,
+                               local_secrets(name))
         local = plan(name, spec, machine_facts(topology, spec), options,
                      Machine(which=which, is_dir=os.path.isdir))
         if args.dry_run:

@@ -62,6 +62,9 @@ class LocalOptions:
     upstreams: Mapping[str, str] = field(default_factory=dict)  # tier -> base URL
     drain_seconds: float = 5.0
     prefill_device: str | None = None  # the builtin prefill engine's torch device here
+    # Secret volumes' files: secret name -> {key: value} (the KV token: made by __main__, as
+    # the operator's reconciler makes it in a cluster; the plan stays pure).
+    secrets: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,15 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
                           for key, text in configmaps[volume["configMap"]["name"]].items()})
         elif "hostPath" in volume:
             paths[mount["mountPath"]] = volume["hostPath"]["path"]
+        elif "secret" in volume:
+            name_ = volume["secret"]["secretName"]
+            if name_ not in options.secrets:
+                raise PlanError(f"the {name} process mounts the Secret {name_}, which this run "
+                                "has no value for")
+            local = str(options.run_dir / name_)
+            paths[mount["mountPath"]] = local
+            files.update({f"{local}/{key}": value
+                          for key, value in options.secrets[name_].items()})
     argv = [_local_path(a, paths) for a in [*container["command"], *container.get("args", [])]]
     if tier is not None:  # engines listen on loopback only; the router is the endpoint
         argv = [LOOPBACK if a == ANY_ADDRESS else a for a in argv]

@@ -126,7 +126,10 @@ class Supervisor:
         for process in self.plan.processes:
             for path, text in process.files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
-                Path(path).write_text(text)
+                # Owner-only: a run's files include the KV token.
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "w") as out:
+                    out.write(text)
 
     def _start(self, child: Child) -> None:
         process = child.process

@@ -45,6 +45,8 @@ CHILD_KINDS = (
     Kind("networking.k8s.io/v1", "Ingress", "ingresses"),
 )
 KINDS = {(k.api_version, k.kind): k for k in CHILD_KINDS}
+# Created once and never read (the operator may create Secrets, not get, list or watch them).
+SECRET = Kind("v1", "Secret", "secrets")
 INFERENCE_DEPLOYMENT = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
 
 
@@ -106,6 +108,18 @@ class KubeApi:
         return self._write("apply", kind.kind, "PATCH", path,
                            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
                            body=manifest, content_type="application/apply-patch+yaml")
+
+    def create_if_absent(self, kind: Kind, manifest: dict[str, Any]) -> bool:
+        """POST `manifest`; False when an object of that name exists already (left as it is).
+        The answer is not returned: for a Secret it echoes the value."""
+        try:
+            self._write("create", kind.kind, "POST",
+                        kind.collection(manifest["metadata"]["namespace"]), body=manifest)
+        except ApiError as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
 
     def delete(self, kind: Kind, namespace: str, name: str) -> None:
         try:

@@ -3,12 +3,19 @@
 Read the spec and the cluster facts -> render the desired children (pure) -> apply those that
 differ from the live objects -> prune children no longer desired -> observe -> write status only
 when it changed. An unchanged spec makes no writes.
+
+The KV token Secret (render/kv_token.py) is the one child that is not applied: its value is made
+here, once. The operator may create Secrets but not read them, so it cannot see whether the
+Secret exists; it creates it (an existing one is left as it is) before applying a Deployment whose
+pods mount it, and while the deployment is not Ready for its generation (pods that cannot mount a
+deleted Secret keep it so). A Ready deployment with an unchanged spec still makes no writes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import secrets
 import threading
 import time
 from collections import defaultdict
@@ -19,8 +26,9 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 from .api.models import InferenceDeploymentSpec
-from .kube import KINDS, ApiError, KubeApi
+from .kube import KINDS, SECRET, ApiError, KubeApi
 from .numa import NumaPlanError
+from .render import kv_token
 from .render.children import Rendered, possible_children, render
 from .render.facts import ClusterFacts, NodeFacts, topology_from_labels, topology_from_nrt
 from .render.meta import LABEL_COMPONENT, LABEL_OWNER, Owner
@@ -47,6 +55,12 @@ def is_subset(desired: Any, live: Any) -> bool:
         return (isinstance(live, list) and len(desired) == len(live)
                 and all(is_subset(d, item) for d, item in zip(desired, live, strict=True)))
     return desired == live
+
+
+def ready_for(status: dict[str, Any], generation: int) -> bool:
+    """The last reconcile saw every tier ready at this generation."""
+    ready = next((c for c in status.get("conditions", []) or [] if c.get("type") == "Ready"), {})
+    return ready.get("status") == "True" and status.get("observedGeneration") == generation
 
 
 def cluster_facts(nodes: list[dict[str, Any]], topologies: list[dict[str, Any]]
@@ -122,7 +136,11 @@ class Reconciler:
         except NumaPlanError as error:
             return self._fail(body, previous, generation, now, "NumaPlanFailed", str(error))
         try:
-            applied, pruned, deployments = self._sync_children(owner, rendered)
+            token_ensured = False
+            if rendered.kv_token_secret and not ready_for(previous, generation):
+                self._ensure_kv_token(owner)
+                token_ensured = True
+            applied, pruned, deployments = self._sync_children(owner, rendered, token_ensured)
         except ApiError as error:
             return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
         observed = self._observe(owner, spec, facts, deployments)
@@ -150,7 +168,14 @@ class Reconciler:
             self.kube.event(body, kind, reason, message)
         return True
 
-    def _sync_children(self, owner: Owner, rendered: Rendered
+    def _ensure_kv_token(self, owner: Owner) -> None:
+        """Creates the KV token Secret with a fresh value unless it exists (then its value stays:
+        it is never rotated by a reconcile). The value is never logged."""
+        if self.kube.create_if_absent(SECRET, kv_token.secret(owner, secrets.token_urlsafe(32))):
+            log.info("%s/%s: created the KV token Secret %s", owner.namespace, owner.name,
+                     kv_token.secret_name(owner))
+
+    def _sync_children(self, owner: Owner, rendered: Rendered, token_ensured: bool
                        ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
         """Applies what differs and prunes what is no longer desired; returns the live
         Deployments too (re-read when one was applied, for their status).
@@ -173,6 +198,10 @@ class Reconciler:
             if manifest is not None:
                 # A GET's object carries apiVersion/kind; compare the rendered fields only.
                 if current is None or not is_subset(manifest, current):
+                    if kind_name == "Deployment" and rendered.kv_token_secret \
+                            and not token_ensured:
+                        self._ensure_kv_token(owner)  # before pods that mount it
+                        token_ensured = True
                     current = self.kube.apply(manifest)
                     applied.append(f"{kind_name}/{name}")
                 if kind_name == "Deployment":

@@ -3,7 +3,9 @@ deletion, restarts and idleness."""
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 
 import pytest
 import yaml
@@ -108,7 +110,8 @@ def test_deleting_the_inference_deployment_removes_every_child(cluster, operator
     cluster.kubectl("delete", "inferencedeployment", NAME, "-n", namespace)
 
     def all_gone():
-        listing = cluster.kubectl("get", "deployments,replicasets,pods,services,configmaps,pdb",
+        listing = cluster.kubectl("get",
+                                  "deployments,replicasets,pods,services,configmaps,pdb,secrets",
                                   "-n", namespace, "-l", f"app.kubernetes.io/instance={NAME}",
                                   "-o", "name").stdout.strip()
         return listing == ""
@@ -173,3 +176,89 @@ def test_restarting_the_operator_changes_nothing(cluster, operator, namespace):
              what="the restarted operator to reconcile every object")
     assert operator.metric("heteroserve_operator_api_writes_total") == 0
     assert resource_versions(cluster, namespace) == before
+
+
+KV_SECRET = f"{NAME}-kv-token"
+
+
+def kv_token(cluster, namespace: str) -> tuple[str, dict]:
+    secret = get_json(cluster, "secret", KV_SECRET, "-n", namespace)
+    return base64.b64decode(secret["data"]["token"]).decode(), secret
+
+
+def mark_not_ready(cluster, namespace: str) -> None:
+    """What the status says while pods cannot start (kwok starts pods without mounting their
+    volumes, so a missing Secret cannot make them fail here)."""
+    obj = get_json(cluster, "inferencedeployment", NAME, "-n", namespace)
+    conditions = [{**c, "status": "False"} if c["type"] == "Ready" else c
+                  for c in obj["status"]["conditions"]]
+    cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge",
+                    "--subresource=status", "-p",
+                    json.dumps({"status": {"conditions": conditions}}))
+
+
+def test_kv_token_secret_is_made_once_and_never_disclosed(cluster, operator, namespace, caplog):
+    caplog.set_level(logging.DEBUG)
+    obj = apply_sample(cluster, namespace)
+    token, secret = kv_token(cluster, namespace)
+    assert len(token) >= 43  # secrets.token_urlsafe(32)
+    assert secret["type"] == "Opaque" and secret["immutable"] is True
+    assert secret["metadata"]["ownerReferences"] == [{
+        "apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment", "name": NAME,
+        "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+    listed = get_json(cluster, "secrets", "-n", namespace, "-l",
+                      f"app.kubernetes.io/instance={NAME}")["items"]
+    assert [s["metadata"]["name"] for s in listed] == [KV_SECRET]
+
+    # A reconcile that makes sure the Secret exists (the deployment is not Ready) leaves it as
+    # it is; so does a restarted operator.
+    operator.stop()
+    try:
+        mark_not_ready(cluster, namespace)
+        registry = CollectorRegistry()
+        reconciler = Reconciler(KubeApi(cluster.api_client(), registry), registry)
+        assert reconciler.reconcile_by_name(namespace, NAME).error is None
+        assert registry.get_sample_value("heteroserve_operator_api_writes_total",
+                                         {"verb": "create", "kind": "Secret"}) == 1
+        assert kv_token(cluster, namespace) == (token, secret)
+    finally:
+        operator.start()
+    wait_for(lambda: operator.metric("heteroserve_operator_reconciles_total", result="ok") >= 1,
+             what="the restarted operator to reconcile")
+    wait_ready(cluster, namespace, NAME)
+    assert kv_token(cluster, namespace) == (token, secret)
+
+    # A spec change rolls the pods out (the Secret is made sure of first) and keeps the value.
+    cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"router": {"requestTimeoutSeconds": 601}}}))
+    wait_ready(cluster, namespace, NAME)
+    assert kv_token(cluster, namespace) == (token, secret)
+
+    # Rotation: a deleted Secret is made anew, with a new value, by the next reconcile that is
+    # not idle (here a spec change; in a cluster, the restarted pods that cannot mount it).
+    cluster.kubectl("delete", "secret", KV_SECRET, "-n", namespace)
+    cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"router": {"requestTimeoutSeconds": 602}}}))
+    wait_for(lambda: cluster.kubectl("get", "secret", KV_SECRET, "-n", namespace,
+                                     check=False).returncode == 0,
+             what="the KV token Secret to be made anew")
+    rotated, _ = kv_token(cluster, namespace)
+    assert rotated != token
+    wait_ready(cluster, namespace, NAME)
+
+    # Neither value reaches the operator's logs (every process of this session), Events, the
+    # status or any other child.
+    texts = {path.name: path.read_text(errors="replace")
+             for path in operator.logdir.glob("*.log")}
+    texts["in-process log"] = caplog.text
+    texts["events"] = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    texts["inferencedeployment"] = cluster.kubectl(
+        "get", "inferencedeployment", NAME, "-n", namespace, "-o", "json").stdout
+    texts["children"] = cluster.kubectl(
+        "get", "deployments,replicasets,pods,services,configmaps,pdb", "-n", namespace,
+        "-o", "json").stdout
+    assert "created the KV token Secret" in "".join(texts.values())
+    for value in (token, rotated):
+        for form in (value, base64.b64encode(value.encode()).decode()):
+            leaks = [where for where, text in texts.items() if form in text]
+            assert leaks == [], f"the KV token appears in {leaks}"

@@ -182,6 +182,8 @@ def check_builtin_cpu(cluster, ns, name):
     assert pod["status"]["qosClass"] == "Guaranteed"
     # anyNode prefers nodes without accelerators.
     assert pod["spec"]["nodeName"] in {"kunpeng-cpu-0", "x86-cpu-0", "x86-cpu-1"}
+    # No prefill engine to pull KV from: no KV token.
+    assert "--kv-token-file" not in engine["args"] and "kv-token" not in volumes(pod)
 
 
 def check_builtin_pd(cluster, ns, name):
@@ -200,6 +202,14 @@ def check_builtin_pd(cluster, ns, name):
     assert router["cpu"]["urls"] == [f"http://{name}-decode.{ns}.svc:8002"]
     assert router["cpu"]["discovery"] == "dns"
     assert router["accelerator"]["urls"] == ["http://127.0.0.1:8001"]
+    # The KV hand-off: both engines read the deployment's KV token Secret, the router splits.
+    assert router["accelerator"]["kvExport"] is True and router["cpu"]["kvImport"] is True
+    for pod in (prefill, *decodes):
+        engine = container(pod, "engine")
+        assert engine["args"][-2:] == ["--kv-token-file", "/etc/heteroserve/kv/token"]
+        assert mounts(engine)["/etc/heteroserve/kv"] == "kv-token"
+        assert volumes(pod)["kv-token"]["secret"] == {"secretName": f"{name}-kv-token",
+                                                      "defaultMode": 0o440}
 
 
 CHECKS = {
@@ -230,6 +240,11 @@ def test_sample_becomes_ready_with_seed_fields(cluster, operator, namespace, sam
     for kind in ("PrefillReady", "DecodeReady", "RouterReady"):
         assert any(c["type"] == kind and c["status"] == "True" for c in status["conditions"])
     CHECKS[sample](cluster, namespace, name)
+    # Only heteroserve's own prefill + decode pair hands KV over, so only it gets a KV token.
+    secrets = get_json(cluster, "secrets", "-n", namespace, "-l",
+                       f"app.kubernetes.io/instance={name}")["items"]
+    assert [s["metadata"]["name"] for s in secrets] == (
+        [f"{name}-kv-token"] if sample == "builtin-gpu-prefill-cpu-decode" else [])
     # Deleting the sample frees its cards and cores for the next one.
     cluster.kubectl("delete", "inferencedeployment", name, "-n", namespace, "--wait=true")
     cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", namespace, "--timeout=60s")

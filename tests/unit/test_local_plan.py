@@ -200,13 +200,34 @@ def test_upstream_stands_in_for_a_missing_engine():
     assert config.cpu.urls == ["http://127.0.0.1:8002"]
 
 
+BUILTIN_PD = {**VLLM_PD, "prefill": {"accelerator": {"type": "nvidia"},
+                                     "engine": {"kind": "builtin"}},
+              "decode": {**VLLM_PD["decode"], "engine": {"kind": "builtin"}}}
+TOKEN = {"t-kv-token": {"token": "a-token-of-this-run-only-32-chars"}}
+
+
 def test_the_builtin_prefill_engine_runs_on_the_torch_device_asked_for():
-    pd = {**VLLM_PD, "prefill": {"accelerator": {"type": "nvidia"}, "engine": {"kind": "builtin"}}}
-    prefill = by_name(local_plan(spec(**pd), prefill_device="cpu"))["prefill"]
+    prefill = by_name(local_plan(spec(**BUILTIN_PD), prefill_device="cpu",
+                                 secrets=TOKEN))["prefill"]
     assert prefill.argv[prefill.argv.index("--device") + 1] == "cpu"
-    assert by_name(local_plan(spec(**pd)))["prefill"].argv.count("cuda") == 1
+    assert by_name(local_plan(spec(**BUILTIN_PD), secrets=TOKEN))["prefill"].argv.count(
+        "cuda") == 1
     with pytest.raises(PlanError, match=r"`heteroserve-prefill-engine`.*--upstream accelerator"):
-        local_plan(spec(**pd), installed=BUILTIN - {"heteroserve-prefill-engine"})
+        local_plan(spec(**BUILTIN_PD), installed=BUILTIN - {"heteroserve-prefill-engine"},
+                   secrets=TOKEN)
+
+
+def test_both_builtin_engines_get_this_runs_kv_token_file():
+    local = local_plan(spec(**BUILTIN_PD), secrets=TOKEN)
+    for name in ("prefill", "decode"):
+        process = by_name(local)[name]
+        path = process.argv[process.argv.index("--kv-token-file") + 1]
+        assert process.files[path] == TOKEN["t-kv-token"]["token"]
+        assert path.startswith(str(RUN_DIR))
+    config = router_config(local)
+    assert config.accelerator.kv_export and config.cpu.kv_import
+    with pytest.raises(PlanError, match="mounts the Secret t-kv-token"):
+        local_plan(spec(**BUILTIN_PD))
 
 
 def test_upstreams_must_name_a_tier_of_the_spec():

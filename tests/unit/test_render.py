@@ -179,3 +179,96 @@ def test_every_rendered_child_is_a_possible_child(sample):
     rendered = render(InferenceDeploymentSpec.model_validate(document["spec"]), owner, FACTS)
     keys = {(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in rendered.children}
     assert keys <= set(possible_children(owner.name))
+
+
+# -- the KV hand-off token ------------------------------------------------------------------------
+
+GPU = {"type": "nvidia", "count": 1}
+PAIRS = {  # (prefill engine, decode engine): hands KV over
+    ("builtin", "builtin"): True,
+    ("vllm", "builtin"): False,
+    ("ksana", "builtin"): False,
+    ("builtin", "vllm-cpu"): False,
+    ("builtin", "sysinfer"): False,
+    ("vllm", "vllm-cpu"): False,
+}
+
+
+def pair(prefill_kind: str, decode_kind: str) -> InferenceDeploymentSpec:
+    return spec(prefill={"accelerator": GPU, "engine": {"kind": prefill_kind}},
+                decode={"cpus": 4, "engine": {"kind": decode_kind}})
+
+
+def pod_specs(rendered) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+            for d in by_kind(rendered)["Deployment"]}
+
+
+def engine_of(pod: dict) -> dict:
+    return next(c for c in pod["containers"] if c["name"] == "engine")
+
+
+def router_document(rendered) -> dict:
+    import yaml
+
+    (configmap,) = [c for c in by_kind(rendered)["ConfigMap"]
+                    if c["metadata"]["name"] == "m-router"]
+    return yaml.safe_load(configmap["data"]["router.yaml"])
+
+
+@pytest.mark.parametrize(("kinds", "handoff"), PAIRS.items(), ids=["+".join(k) for k in PAIRS])
+def test_only_builtin_pairs_mount_the_kv_token_and_hand_kv_over(kinds, handoff):
+    rendered = render(pair(*kinds), OWNER, FACTS)
+    document = router_document(rendered)
+    assert document["accelerator"]["kvExport"] is handoff
+    assert document["cpu"]["kvImport"] is handoff
+    assert rendered.kv_token_secret == ("m-kv-token" if handoff else None)
+    for pod in pod_specs(rendered).values():
+        engine = engine_of(pod)
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        if not handoff:
+            assert "--kv-token-file" not in engine["args"]
+            assert "kv-token" not in volumes
+            continue
+        at = engine["args"].index("--kv-token-file")
+        assert engine["args"][at + 1] == "/etc/heteroserve/kv/token"
+        # root:fsGroup r--r-----: the engine's user (UID and GID 1000, fsGroup 1000) reads it.
+        assert volumes["kv-token"] == {"name": "kv-token", "secret": {
+            "secretName": "m-kv-token", "defaultMode": 0o440}}
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"] == 1000
+        assert {"name": "kv-token", "mountPath": "/etc/heteroserve/kv",
+                "readOnly": True} in engine["volumeMounts"]
+        # The router sidecar holds no token.
+        for container in pod["containers"]:
+            if container["name"] != "engine":
+                assert all(m["name"] != "kv-token" for m in container["volumeMounts"])
+
+
+def test_cpu_only_and_accelerator_only_deployments_have_no_kv_token():
+    cpu_only = render(spec(), OWNER, FACTS)
+    assert cpu_only.kv_token_secret is None
+    assert router_document(cpu_only)["cpu"]["kvImport"] is False
+    assert "--kv-token-file" not in engine_of(next(iter(pod_specs(cpu_only).values())))["args"]
+    accelerator_only = render(spec(prefill={"accelerator": GPU, "engine": {"kind": "builtin"}},
+                                   decode=None), OWNER, FACTS)
+    assert accelerator_only.kv_token_secret is None
+    assert router_document(accelerator_only)["accelerator"]["kvExport"] is False
+
+
+def test_the_kv_token_value_is_never_rendered():
+    """The desired children name the Secret; its value is made by the reconciler alone, so a
+    re-render cannot rotate it and no spec hash, ConfigMap or pod spec carries it."""
+    import json
+
+    from heteroserve_operator.render import kv_token
+
+    rendered = render(pair("builtin", "builtin"), OWNER, FACTS)
+    assert "Secret" not in by_kind(rendered)
+    text = json.dumps(rendered.children)
+    assert "stringData" not in text and '"data": {"token"' not in text
+    assert rendered.children == render(pair("builtin", "builtin"), OWNER, FACTS).children
+    secret = kv_token.secret(OWNER, "a-value-made-by-the-reconciler")
+    assert secret["metadata"]["name"] == rendered.kv_token_secret
+    assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
+    assert secret["immutable"] is True and secret["type"] == "Opaque"
+    assert secret["stringData"] == {"token": "a-value-made-by-the-reconciler"}

@@ -74,6 +74,19 @@ def test_gpu_and_cpu_sample_finds_decode_pods_through_dns():
     assert config.accelerator.served_model_name is None  # --served-model-name
     assert config.accelerator.health_path == "/health"
     assert config.accelerator.metrics_path == "/metrics"
+    # heteroserve's own pair: prefill on the GPU, decode pulling the KV with the KV token.
+    assert config.accelerator.kv_export and config.cpu.kv_import and config.kv_handoff
+
+
+@pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.yaml")
+                                          if p.stem != "builtin-gpu-prefill-cpu-decode"))
+def test_other_engines_neither_export_nor_import_kv(sample):
+    """vLLM, KsanaLLM, sysInfer and a builtin engine without a builtin partner: the router
+    sends requests whole."""
+    config = load(sample)
+    assert not config.kv_handoff
+    assert not (config.accelerator and config.accelerator.kv_export)
+    assert not (config.cpu and config.cpu.kv_import)
 
 
 def test_syshax_sample_decodes_on_the_same_node():

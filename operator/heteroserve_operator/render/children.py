@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.models import InferenceDeploymentSpec
-from . import meta
+from . import kv_token, meta
 from .accelerators import profile as accelerator_profile
 from .engines import (
     EngineContainer,
@@ -34,6 +34,9 @@ class Rendered:
     children: list[dict[str, Any]]
     placement: DecodePlacement | None
     endpoint: str
+    # The KV token Secret the engine pods mount, which the reconciler creates once (its value is
+    # never rendered: render/kv_token.py); None when no engine hands KV over.
+    kv_token_secret: str | None = None
 
 
 def possible_children(name: str) -> tuple[tuple[str, str, str], ...]:
@@ -86,4 +89,6 @@ def render(spec: InferenceDeploymentSpec, owner: meta.Owner, facts: ClusterFacts
     if spec.ingress.enabled:
         children.append(ingress(spec, owner))
     endpoint = (f"http://{owner.name}.{owner.namespace}.svc:{spec.service.port}/v1")
-    return Rendered([meta.with_spec_hash(c) for c in children], placement, endpoint)
+    token = any(engine and engine.kv_token for engine in (prefill, decode))
+    return Rendered([meta.with_spec_hash(c) for c in children], placement, endpoint,
+                    kv_token.secret_name(owner) if token else None)

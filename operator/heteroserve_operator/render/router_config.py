@@ -28,6 +28,7 @@ def router_settings(spec: InferenceDeploymentSpec, owner: meta.Owner,
         # The router is a sidecar in the prefill pod.
         accelerator = _tier(prefill, [f"http://127.0.0.1:{prefill.port}"],
                             max_concurrency=spec.prefill.engine.max_num_seqs,
+                            kv_export=prefill.kv_token,
                             served_model_name=_served_name(spec, spec.prefill.engine.kind))
     if decode:
         if spec.prefill is None:  # CPU-only: the engine is in the router's own pod
@@ -38,6 +39,7 @@ def router_settings(spec: InferenceDeploymentSpec, owner: meta.Owner,
             cpu = _tier(decode,
                         [f"http://{decode_name(owner)}.{owner.namespace}.svc:{decode.port}"],
                         discovery="dns", max_concurrency=offload.cpu_max_batch_size,
+                        kv_import=decode.kv_token,
                         same_node=spec.decode.placement == "sameNode",
                         served_model_name=_served_name(spec, spec.decode.engine.kind))
     return RouterConfig(
@@ -55,11 +57,16 @@ def router_settings(spec: InferenceDeploymentSpec, owner: meta.Owner,
 
 def _tier(engine: EngineContainer, urls: list[str], *,
           max_concurrency: int | None, served_model_name: str | None,
-          discovery: str = "static", same_node: bool = False) -> TierConfig:
+          discovery: str = "static", same_node: bool = False,
+          kv_export: bool = False, kv_import: bool = False) -> TierConfig:
+    """`kv_export`/`kv_import`: this tier's engines take their side of a split (they hold the
+    deployment's KV token: heteroserve's own pair only). Without both the router sends requests
+    whole."""
     fields: dict[str, Any] = {
         "urls": urls, "discovery": discovery, "models_path": engine.models_path,
         "health_path": engine.health_path, "metrics_path": engine.metrics_path,
         "same_node": same_node, "served_model_name": served_model_name,
+        "kv_export": kv_export, "kv_import": kv_import,
     }
     if max_concurrency:
         fields["max_concurrency"] = max_concurrency

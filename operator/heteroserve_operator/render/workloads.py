@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api.models import InferenceDeploymentSpec
-from . import meta
+from . import kv_token, meta
 from .accelerators import profile as accelerator_profile
 from .containers import engine_container, model_volume, router_container, shm_volume
 from .engines import EngineContainer
@@ -33,6 +33,10 @@ def _volumes(spec: InferenceDeploymentSpec, engine: EngineContainer, owner: meta
             "name": f"{owner.name}-engine"}})
         mounts.append({"name": "engine-config", "mountPath": engine.config_dir,
                        "readOnly": True})
+    if engine.kv_token:
+        token, token_mount = kv_token.volume(owner)
+        volumes.append(token)
+        mounts.append(token_mount)
     if router:
         volumes.append({"name": "router-config", "configMap": {"name": f"{owner.name}-router"}})
     return volumes, mounts

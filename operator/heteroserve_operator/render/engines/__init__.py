@@ -31,6 +31,9 @@ class EngineContainer:
     volumes: list[dict[str, Any]] = field(default_factory=list)
     mounts: list[dict[str, Any]] = field(default_factory=list)
     shm_size: str = "64Gi"
+    # Mounts the deployment's KV token (render/kv_token.py) and hands KV over with it: exports
+    # as a prefill engine, imports as a decode engine. Only heteroserve's own pair does.
+    kv_token: bool = False
 
 
 PREFILL_PORT = 8001

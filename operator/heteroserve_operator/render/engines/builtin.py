@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...api.models import InferenceDeploymentSpec
 from ...numa import NumaPlan
-from .. import images
+from .. import images, kv_token
 from ..accelerators import AcceleratorProfile
 from . import DECODE_PORT, PREFILL_PORT, EngineContainer, user_env
 from .cpu_env import decode_environment
@@ -20,10 +20,12 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
               "--device", accelerator.torch_device,
               "--tensor-parallel-size", str(spec.prefill.accelerator.count),
               "--max-model-len", str(spec.model.max_model_len),
-              "--host", "0.0.0.0", "--port", str(engine.port or PREFILL_PORT), *engine.args],
+              "--host", "0.0.0.0", "--port", str(engine.port or PREFILL_PORT),
+              *kv_token.engine_args(spec), *engine.args],
         port=engine.port or PREFILL_PORT,
         env={**accelerator.env, **user_env(engine.env)},
         shm_size=engine.shm_size or "8Gi",
+        kv_token=kv_token.kv_handoff(spec),
     )
 
 
@@ -34,11 +36,13 @@ def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
         command=["heteroserve-cpu-engine"],
         args=["--model", spec.model.path, "--served-model-name", spec.model.name,
               "--max-model-len", str(spec.model.max_model_len),
-              "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT), *engine.args],
+              "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT),
+              *kv_token.engine_args(spec), *engine.args],
         port=engine.port or DECODE_PORT,
         # NRC unset: the engine chooses the rows per one-token product by row width
         # (docs/cpu-engine.md); the Kunpeng guidance is for the sysHAX kernels.
         env={**decode_environment(spec.decode, plan, guided_nrc=False), **user_env(engine.env)},
         startup_seconds=600,
         shm_size="1Gi",
+        kv_token=kv_token.kv_handoff(spec),
     )
