@@ -31,14 +31,22 @@ REMOTE_DECODE = {"kv_transfer_params": {"do_remote_decode": True}}
 HANDLE_TIMEOUT_S = 1  # unpulled exports expire quickly; the pull test pulls at once
 
 
-def start_prefill(tmp: Path, *args: str, wait: bool = True) -> EngineProcess:
+def start_prefill(tmp: Path, *args: str, wait: bool = True,
+                  env: dict[str, str] | None = None) -> EngineProcess:
+    """`env` as the CPU engine's (tests/e2e/test_router.py ONE_CORE): OMP_NUM_THREADS sets
+    torch's threads, and the process is pinned to CUSTOM_CPU_AFFINITY's CPUs (a comma list; the
+    CPU engine pins itself, the prefill engine leaves that to whoever starts it) as soon as it
+    exists, long before torch starts a thread (those inherit the mask)."""
     port = free_port()
     log = tmp / f"prefill-{port}.log"
+    cpus = (env or {}).get("CUSTOM_CPU_AFFINITY")
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "heteroserve_engines.prefill", "--device", "cpu",
              "--port", str(port), "--max-model-len", "512", "--kv-budget-tokens", "2048",
-             *args], env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT)
+             *args], env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT)
+    if cpus:
+        os.sched_setaffinity(proc.pid, {int(cpu) for cpu in cpus.split(",")})
     engine = EngineProcess(proc, port, log)
     deadline = time.monotonic() + 120
     while wait and time.monotonic() < deadline:

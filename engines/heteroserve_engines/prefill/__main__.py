@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
                         default="auto", help="compute and KV dtype (auto: float32 on cpu, "
                         "bfloat16 on hpu, float16 elsewhere)")
+    parser.add_argument("--activation-quantization", choices=["none", "q8"], default="none",
+                        help="none (default): float activations. q8: the CPU engine's numerics - "
+                        "each product with a quantized weight takes 8-bit activations (blocks of "
+                        "32, float32 scale, rounded as its kernels round), K/V rounded to float16 "
+                        "(prefill/model.py: what it does and does not change)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="devices per replica; only 1 is supported yet")
     parser.add_argument("--max-model-len", type=int, default=None,
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or default_model()
     started = time.monotonic()
     try:
-        model, reader = LlamaModel.from_gguf(path, device, dtype)
+        model, reader = LlamaModel.from_gguf(path, device, dtype, args.activation_quantization)
         tokenizer = GGUFTokenizer.from_gguf(reader)
     except (ModelFileError, ValueError) as error:
         print(f"error: cannot load the model: {error}", file=sys.stderr)
@@ -122,10 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot allocate the KV budget of {budget} tokens: {error}",
               file=sys.stderr)
         return 2
-    log.info("loaded %s (%s, %.0f MiB of %s weights on %s, KV budget %d tokens = %.0f MiB) "
-             "in %.1f s", path, config.name, model.weights.bytes / 2**20,
-             str(dtype).removeprefix("torch."), device, pool.budget_tokens, pool.bytes / 2**20,
-             time.monotonic() - started)
+    log.info("loaded %s (%s, %.0f MiB of %s weights on %s, %s activations, KV budget %d "
+             "tokens = %.0f MiB) in %.1f s", path, config.name, model.weights.bytes / 2**20,
+             str(dtype).removeprefix("torch."), device, args.activation_quantization,
+             pool.budget_tokens, pool.bytes / 2**20, time.monotonic() - started)
     name = args.served_model_name or os.path.basename(path).split(".")[0]
     exports = KvExports(token, timeout=args.kv_handle_timeout)
     engine = PrefillEngine(model, pool, tokenizer, max_model_len=max_len,

@@ -15,6 +15,35 @@ The arithmetic follows the CPU engine's (engines/cpu/src/model.c) so that K/V ro
 agree with it: RMSNorm and RoPE in float32, RoPE angles `position * rope_base^(-2i/head_dim)` in
 float32, pairs (x[2i], x[2i+1]) for llama (GGUF's Q/K row order) or halves (x[i],
 x[i + head_dim/2]) for Qwen2, the residual stream in float32, products in the model's dtype.
+
+Activation quantization (`activation_quantization`, the engine's `--activation-quantization`):
+
+- `none` (the default): float activations, K/V in the model's dtype (the float reference's
+  arithmetic, to float rounding).
+- `q8`: the CPU engine's own numerics. Every product with a quantized weight (q4_0, q4_1, q8_0;
+  other non-native types, which the CPU engine requantizes to q8_0 - the weights here follow
+  it) takes its input as the CPU engine quantizes it (engines/cpu/src/ref.c `quantize_act_ref`,
+  every SIMD variant alike): per block of 32 values a float32 scale `d = max|x| / 127`, values
+  `nearbyint(x * (127 / max|x|))` (round half to even), in float32 here before the cast to the
+  model's dtype; the product then sees `q * d`. That is the input of the Q, K, V projections,
+  the attention output projection, gate and up, down, and the LM head (when its weight is
+  quantized: SmolLM2's tied q8_0 embedding is). K and V are rounded to float16 (the CPU
+  engine's cache) before anything attends to them; Q stays in the model's dtype (float32 in the
+  CPU engine).
+
+  What still differs is float rounding: summation orders (RMSNorm's sum of squares, the
+  products' per-block sums, which also differ between the CPU engine's own kernel variants),
+  exp, cos and sin. Where no value crosses an 8-bit rounding boundary the result is the CPU
+  engine's to float rounding (a two-layer synthetic Qwen2: logits within 1e-5, float
+  activations 0.19 off). On SmolLM2 about half of the tokens already have one of their 576
+  RMSNorm outputs on the other side of a boundary in the first layer, and each such step
+  spreads into whole 8-bit steps in the next products: past the first layer, the K/V and
+  logits are as far from the CPU engine's as float ones are, and as far as its own kernel
+  variants are from each other (~0.8 logits at the first decoded token). Greedy continuations
+  of imported KV then follow the CPU engine alone's to its first near-tie in either mode
+  (tests/e2e/test_split_prefill.py). q8 also costs the engine's own batch invariance: the same
+  sequence in another batch shape can cross a boundary and take another greedy path at a
+  near-tie, as the CPU engine's matrix-unit kernels can (tests/variants.py).
 """
 
 from __future__ import annotations
@@ -28,7 +57,7 @@ import torch.nn.functional as F
 from ..cpu_engine.gguf_file import GGUFFile
 from ..cpu_engine.gguf_model import ModelConfig, open_gguf, read_config
 from .kv_pool import KvPool
-from .weights import Weights, load_weights
+from .weights import LayerWeights, Weights, load_weights
 
 
 @dataclass(frozen=True)
@@ -41,21 +70,35 @@ class Chunk:
     blocks: list[int]
 
 
+ACTIVATION_QUANTIZATIONS = ("q8", "none")
+QK = 32  # values per activation block (engines/cpu/src/blocks.h HS_QK)
+
+
 class LlamaModel:
     def __init__(self, config: ModelConfig, weights: Weights, device: torch.device,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, activation_quantization: str = "none"):
+        if activation_quantization not in ACTIVATION_QUANTIZATIONS:
+            raise ValueError(f"activation_quantization must be one of "
+                             f"{ACTIVATION_QUANTIZATIONS}, not {activation_quantization!r}")
         self.config, self.weights, self.device, self.dtype = config, weights, device, dtype
+        self.activation_quantization = activation_quantization
+        self.q8 = activation_quantization == "q8"
         half = config.head_dim // 2
         exponents = -2.0 * torch.arange(half, dtype=torch.float32) / config.head_dim
         self.inv_freq = torch.pow(torch.tensor(config.rope_base, dtype=torch.float32),
                                   exponents).to(device)
 
     @classmethod
-    def from_gguf(cls, path: str | Path, device: torch.device, dtype: torch.dtype
-                  ) -> tuple[LlamaModel, GGUFFile]:
+    def from_gguf(cls, path: str | Path, device: torch.device, dtype: torch.dtype,
+                  activation_quantization: str = "none") -> tuple[LlamaModel, GGUFFile]:
+        if activation_quantization not in ACTIVATION_QUANTIZATIONS:
+            raise ValueError(f"activation_quantization must be one of "
+                             f"{ACTIVATION_QUANTIZATIONS}, not {activation_quantization!r}")
         reader = open_gguf(path)
         config = read_config(reader)
-        return cls(config, load_weights(reader, config, device, dtype), device, dtype), reader
+        weights = load_weights(reader, config, device, dtype,
+                               cpu_engine_weights=activation_quantization == "q8")
+        return cls(config, weights, device, dtype, activation_quantization), reader
 
     @property
     def kv_dim(self) -> int:
@@ -88,22 +131,45 @@ class LlamaModel:
         x = w.token_embd[tokens].float()
         for index, layer in enumerate(w.layers):
             h = self._norm(x, layer.attn_norm)
-            q = _linear(h, layer.attn_q, layer.bias_q).view(n, c.n_head, c.head_dim)
-            k = _linear(h, layer.attn_k, layer.bias_k).view(n, c.n_head_kv, c.head_dim)
-            v = _linear(h, layer.attn_v, layer.bias_v).view(n, c.n_head_kv, c.head_dim)
+            hq = self._input(h, "attn_q", layer)
+            q = _linear(hq, layer.attn_q, layer.bias_q).view(n, c.n_head, c.head_dim)
+            k = _linear(self._input(h, "attn_k", layer, hq), layer.attn_k, layer.bias_k)
+            v = _linear(self._input(h, "attn_v", layer, hq), layer.attn_v, layer.bias_v)
+            k, v = k.view(n, c.n_head_kv, c.head_dim), v.view(n, c.n_head_kv, c.head_dim)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            k, v = self._cached(k), self._cached(v)
             pool.data[index, 0].index_copy_(0, slots, k.reshape(n, -1))
             pool.data[index, 1].index_copy_(0, slots, v.reshape(n, -1))
             if paged is None:
                 out = self._attend_prompts(q, k, v, lengths)
             else:
                 out = paged.attend(q, pool.data[index], c)
-            x = x + (out @ layer.attn_output.T).float()
+            x = x + (self._input(out, "attn_output", layer) @ layer.attn_output.T).float()
             h = self._norm(x, layer.ffn_norm)
-            x = x + ((F.silu(h @ layer.ffn_gate.T) * (h @ layer.ffn_up.T)) @ layer.ffn_down.T
-                     ).float()
+            hq = self._input(h, "ffn_gate", layer)
+            act = F.silu(hq @ layer.ffn_gate.T) * (self._input(h, "ffn_up", layer, hq)
+                                                   @ layer.ffn_up.T)
+            x = x + (self._input(act, "ffn_down", layer) @ layer.ffn_down.T).float()
         last = torch.tensor(lengths, device=dev).cumsum(0) - 1
-        return (self._norm(x[last], w.output_norm) @ w.output.T).float()
+        head = self._norm(x[last], w.output_norm)
+        if self.q8 and w.output_quantized:
+            head = quantize_q8(head).to(self.dtype)
+        return (head @ w.output.T).float()
+
+    def _input(self, x: torch.Tensor, matrix: str, layer: LayerWeights,
+               shared: torch.Tensor | None = None) -> torch.Tensor:
+        """A product's input as the CPU engine feeds it to `matrix`: 8-bit blocks (q8) for a
+        quantized weight, else as it is. `shared`: the same input already quantized for a
+        sibling product (Q/K/V, gate/up share theirs in the CPU engine too)."""
+        if not (self.q8 and matrix in layer.quantized):
+            return x
+        return shared if shared is not None and shared is not x else quantize_q8(x).to(self.dtype)
+
+    def _cached(self, x: torch.Tensor) -> torch.Tensor:
+        """K or V as the CPU engine's float16 cache holds them (q8), in the model's dtype."""
+        if not self.q8 or self.dtype == torch.float16:
+            return x
+        return x.to(torch.float16).to(self.dtype)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.eps)
@@ -171,6 +237,19 @@ class _PagedBatch:
                                              attn_mask=mask.reshape(b, 1, group * n_q, -1))
         out = out.view(b, c.n_head_kv, group, n_q, c.head_dim).permute(0, 3, 1, 2, 4)
         return out.reshape(b, n_q, -1)[self.rows, self.cols]
+
+
+def quantize_q8(x: torch.Tensor) -> torch.Tensor:
+    """x (rows of a multiple of 32 values) as the CPU engine's 8-bit activation blocks see it,
+    dequantized, in float32: per block d = max|x| / 127, q = round-half-even(x * (127 / max|x|))
+    (0 for an all-zero block), q * d. The same float32 operations as quantize_act_ref, so the
+    same q for the same x."""
+    shape = x.shape
+    blocks = x.float().reshape(*shape[:-1], shape[-1] // QK, QK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(blocks * inverse)
+    return (q * (amax / 127.0)).reshape(shape)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -5,6 +5,12 @@ engine's kernels are tested bit-exact against), one tensor at a time, so the hos
 one tensor in float32. Q and K keep GGUF's row order: llama.cpp's converter permutes them for
 RoPE on adjacent pairs, the convention the CPU engine's cache (and so the hand-off) uses;
 transformers' GGUF loader would undo that permutation (HF's halves layout), so it is not used.
+
+With `cpu_engine_weights` the matrices are those the CPU engine computes with: it loads q4_0,
+q4_1, q8_0, f16 and f32 tensors as they are and requantizes any other type to q8_0 (the gguf
+package's quantizer, `gguf_model._converted`), so such a tensor is requantized here too before
+it is dequantized. Each matrix also records whether the CPU engine quantizes its products'
+activations (it does for every quantized weight type, not for f16/f32 weights).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from ..cpu_engine.gguf_file import GGUFFile, TensorInfo
+from ..cpu_engine.gguf_file import BLOCKS, F16, F32, GGUFFile, TensorInfo
 from ..cpu_engine.gguf_model import ModelConfig, ModelFileError
 
 MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -37,6 +43,9 @@ class LayerWeights:
     bias_q: torch.Tensor | None = None
     bias_k: torch.Tensor | None = None
     bias_v: torch.Tensor | None = None
+    # The matrices (MATRICES names) whose products the CPU engine computes from 8-bit
+    # activations: those of a quantized type in the file.
+    quantized: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -45,6 +54,7 @@ class Weights:
     output: torch.Tensor       # the LM head; the embedding table itself when tied
     output_norm: torch.Tensor
     layers: list[LayerWeights]
+    output_quantized: bool = False  # the LM head's product takes 8-bit activations
 
     @property
     def bytes(self) -> int:
@@ -52,25 +62,38 @@ class Weights:
         if self.output.data_ptr() != self.token_embd.data_ptr():
             tensors.append(self.output)
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
+            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def dequantize(mapped: np.ndarray, tensor: TensorInfo) -> np.ndarray:
-    """One tensor as float32 in torch's order (rows first: GGUF lists the row length first)."""
+def quantized_type(tensor: TensorInfo) -> bool:
+    """Whether the CPU engine multiplies this weight with 8-bit activations (any type but
+    f16/f32: the other non-native types become q8_0 at its load)."""
+    return tensor.tensor_type not in (F32, F16)
+
+
+def dequantize(mapped: np.ndarray, tensor: TensorInfo, cpu_engine_weights: bool = False
+               ) -> np.ndarray:
+    """One tensor as float32 in torch's order (rows first: GGUF lists the row length first);
+    with `cpu_engine_weights` a 2-D tensor of a type the CPU engine does not load as it is goes
+    through q8_0 first, as it does there."""
     raw = mapped[tensor.data_offset:tensor.data_offset + tensor.n_bytes]
     rows = 1
     for dim in tensor.shape[1:]:
         rows *= int(dim)
     dense = quants.dequantize(raw.reshape(rows, -1), GGMLQuantizationType(tensor.tensor_type))
     dense = np.asarray(dense, dtype=np.float32)
+    if cpu_engine_weights and len(tensor.shape) == 2 and tensor.tensor_type not in BLOCKS:
+        q8 = GGMLQuantizationType.Q8_0
+        dense = np.asarray(quants.dequantize(quants.quantize(dense.reshape(rows, -1), q8), q8),
+                           dtype=np.float32)
     if not dense.flags.writeable:  # an f32 tensor comes back as a view of the read-only map
         dense = dense.copy()
     return dense.reshape([int(d) for d in reversed(tensor.shape)])
 
 
 def load_weights(reader: GGUFFile, config: ModelConfig, device: torch.device,
-                 dtype: torch.dtype) -> Weights:
+                 dtype: torch.dtype, cpu_engine_weights: bool = False) -> Weights:
     mapped = np.memmap(reader.path, dtype=np.uint8, mode="r")
     by_name = {t.name: t for t in reader.tensors}
 
@@ -81,7 +104,7 @@ def load_weights(reader: GGUFFile, config: ModelConfig, device: torch.device,
                 raise ModelFileError(f"{reader.path}: tensor {name} is missing")
             return None
         try:
-            dense = dequantize(mapped, tensor)
+            dense = dequantize(mapped, tensor, cpu_engine_weights)
         except (ValueError, NotImplementedError) as error:
             raise ModelFileError(f"{reader.path}: tensor {name}: {error}") from error
         return torch.from_numpy(dense).to(device=device, dtype=dtype)
@@ -92,8 +115,12 @@ def load_weights(reader: GGUFFile, config: ModelConfig, device: torch.device,
         found = {name: get(p + name + ".weight") for name in MATRICES + NORMS}
         biases = {"bias_" + name[-1]: get(p + name + ".bias", required=False)
                   for name in BIASES}
-        layers.append(LayerWeights(**found, **biases))
+        quantized = frozenset(name for name in MATRICES
+                              if quantized_type(by_name[p + name + ".weight"]))
+        layers.append(LayerWeights(**found, **biases, quantized=quantized))
     embd = get("token_embd.weight")
     output = get("output.weight", required=False)
+    head = by_name["output.weight" if output is not None else "token_embd.weight"]
     return Weights(token_embd=embd, output=embd if output is None else output,
-                   output_norm=get("output_norm.weight"), layers=layers)
+                   output_norm=get("output_norm.weight"), layers=layers,
+                   output_quantized=quantized_type(head))
