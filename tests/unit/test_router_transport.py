@@ -94,3 +94,51 @@ def test_errors_are_httpx_errors():
 
     with pytest.raises(httpx.ConnectError):
         asyncio.run(scenario())
+
+
+async def serve_raw(answer: bytes, then_wait: float = 0.0):
+    """A server that answers every request with the raw bytes `answer`, then waits and closes."""
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(then_wait)
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_a_chunked_stream_arrives_piece_by_piece():
+    chunked = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+               b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+
+    async def scenario():
+        server, port = await serve_raw(chunked)
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client, \
+                client.stream("GET", f"http://127.0.0.1:{port}/") as response:
+            pieces = [piece async for piece in response.aiter_raw()]
+        server.close()
+        return pieces
+
+    assert b"".join(asyncio.run(scenario())) == b"hello world"
+
+
+@pytest.mark.parametrize(("answer", "wait", "error"), [
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", 0.0, httpx.RemoteProtocolError),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc", 5.0, httpx.ReadTimeout),
+    (b"", 0.0, httpx.RemoteProtocolError),
+    (b"NOT HTTP AT ALL\r\n\r\n", 0.0, httpx.RemoteProtocolError),
+], ids=["closed-mid-body", "silent-mid-body", "closed-before-answering", "not-http"])
+def test_upstream_failures_are_httpx_errors(answer, wait, error):
+    async def scenario():
+        server, port = await serve_raw(answer, wait)
+        try:
+            async with httpx.AsyncClient(transport=UpstreamTransport(),
+                                         timeout=httpx.Timeout(0.5)) as client:
+                await client.get(f"http://127.0.0.1:{port}/")
+        finally:
+            server.close()
+
+    with pytest.raises(error):
+        asyncio.run(scenario())

@@ -1,5 +1,6 @@
 """The router's httpx transport: keep-alive HTTP/1.1 connections to the upstreams, taken and
-given back in constant time.
+given back in constant time. Plain `http://` upstreams go through `lean.py` (one write per
+request, httptools' parser); `https://` ones through httpcore's connections.
 
 httpx's default pool (httpcore's AsyncConnectionPool) re-examines every connection, and asks each
 whether it has expired, on every request and every response close: with 64 requests in flight
@@ -22,6 +23,8 @@ import httpx
 # httpx's own mapping of httpcore's exceptions to its public ones (as its default transport
 # does), so the router sees httpx.ConnectError, ReadTimeout, ... whichever transport runs.
 from httpx._transports.default import map_httpcore_exceptions
+
+from .lean import LeanConnection
 
 DEFAULT_PORTS = {b"http": 80, b"https": 443}
 STALE_CONNECTION_ERRORS = (httpcore.ConnectionNotAvailable, httpcore.RemoteProtocolError,
@@ -49,7 +52,39 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
     def __init__(self, keepalive_expiry: float = 5.0, max_idle_per_origin: int = 512):
         self.keepalive_expiry, self.max_idle = keepalive_expiry, max_idle_per_origin
         self._idle: dict[tuple[bytes, bytes, int], list[httpcore.AsyncHTTPConnection]] = {}
+        self._lean_idle: dict[tuple[str, int], list[LeanConnection]] = {}
         self._closing: set[asyncio.Task] = set()
+
+    async def _lean_request(self, request: httpx.Request) -> httpx.Response:
+        """Plain http: one write per request, httptools parsing (lean.py)."""
+        url = request.url
+        key = (url.host, url.port or 80)
+        timeouts = request.extensions.get("timeout", {})
+        idle = self._lean_idle.setdefault(key, [])
+        while idle:
+            connection = idle.pop()
+            if connection.usable():
+                try:
+                    return await connection.send(request, timeouts,
+                                                 lambda c=connection: self._lean_back(key, c))
+                except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError):
+                    connection.close()  # closed by the upstream as it was reused: a new one
+            else:
+                connection.close()
+        connection = await LeanConnection.open(key[0], key[1], timeouts.get("connect"))
+        try:
+            return await connection.send(request, timeouts,
+                                         lambda: self._lean_back(key, connection))
+        except BaseException:
+            connection.close()
+            raise
+
+    def _lean_back(self, key: tuple[str, int], connection: LeanConnection) -> None:
+        idle = self._lean_idle.setdefault(key, [])
+        if not connection.closed and len(idle) < self.max_idle:
+            idle.append(connection)
+        else:
+            connection.close()
 
     def _close_later(self, connection: httpcore.AsyncHTTPConnection) -> None:
         task = asyncio.ensure_future(connection.aclose())
@@ -78,6 +113,8 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
+        if url.scheme == "http":
+            return await self._lean_request(request)
         port = url.port or DEFAULT_PORTS.get(url.raw_scheme, 80)
         key = (url.raw_scheme, url.raw_host, port)
         origin = httpcore.Origin(url.raw_scheme, url.raw_host, port)
@@ -109,6 +146,10 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             extensions=response.extensions)
 
     async def aclose(self) -> None:
+        for lean in self._lean_idle.values():
+            for connection in lean:
+                connection.close()
+        self._lean_idle.clear()
         for idle in self._idle.values():
             for connection in idle:
                 with contextlib.suppress(Exception):
