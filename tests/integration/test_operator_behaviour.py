@@ -161,6 +161,16 @@ def test_hundred_reconciles_of_an_unchanged_spec_make_no_writes(cluster, operato
 
 def test_restarting_the_operator_changes_nothing(cluster, operator, namespace):
     apply_sample(cluster, namespace)
+
+    def others() -> list[str]:
+        items = json.loads(cluster.kubectl("get", "inferencedeployments", "-A", "-o", "json"
+                                           ).stdout)["items"]
+        return [f"{i['metadata']['namespace']}/{i['metadata']['name']}" for i in items
+                if i["metadata"]["namespace"] != namespace]
+
+    # Other tests' namespaces are deleted without waiting: their deployments, no longer Ready
+    # while their pods go, would be reconciled (and written to) by the restarted operator too.
+    wait_for(lambda: not others(), 180, what="the other tests' deployments to be gone")
     before = resource_versions(cluster, namespace)
     operator.stop()
     operator.start()
