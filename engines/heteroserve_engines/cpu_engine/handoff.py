@@ -32,7 +32,6 @@ class KvHandoff:
                  client: httpx.AsyncClient | None = None, port: int = 0):
         self.engine, self.shape, self.exports, self.port = engine, shape, exports, port
         self.client = client or httpx.AsyncClient()
-        self.pulled_tokens = self.pull_failures = 0
 
     def check_export(self, stream: bool) -> None:
         if not self.exports.enabled:
@@ -51,10 +50,8 @@ class KvHandoff:
             pulled = await pull_kv(self.client, params, self.exports.token, s.fingerprint,
                                    prompt_ids, s.rope, s.n_layer, s.n_head_kv, s.head_dim)
         except KvPullError as error:
-            self.pull_failures += 1
             raise ApiError(PULL_STATUS.get(error.code, 502), f"KV hand-off failed: "
                            f"{error.message}", code=error.code) from None
-        self.pulled_tokens += pulled.header.tokens
         return ImportedKv(pulled.header.tokens, pulled.layers)
 
     def export(self, seq: Sequence) -> KvTransferParams:

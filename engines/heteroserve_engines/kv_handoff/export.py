@@ -12,9 +12,8 @@ import asyncio
 import hmac
 import logging
 import secrets
-import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
@@ -52,7 +51,6 @@ class KeptExport:
     header: KvHeader
     read_layer: Callable[[int], tuple[bytes, bytes]]  # may block: run in a thread
     release: Callable[[], None]
-    created: float = field(default_factory=time.monotonic)
     pulling: bool = False
     timer: asyncio.TimerHandle | None = None
 
@@ -65,7 +63,6 @@ class KvExports:
         self.token, self.timeout = token, timeout
         self.engine_id = engine_id or secrets.token_hex(8)
         self.handles: dict[str, KeptExport] = {}
-        self.pulled = self.expired = 0
 
     @property
     def enabled(self) -> bool:
@@ -83,17 +80,14 @@ class KvExports:
         if kept is None or kept.pulling:
             return
         del self.handles[handle]
-        self.expired += 1
         kept.release()
         log.info("KV handle expired unpulled after %.0f s (%d tokens)", self.timeout,
                  kept.header.tokens)
 
-    def _finish(self, handle: str, kept: KeptExport, complete: bool) -> None:
+    def _finish(self, handle: str, kept: KeptExport) -> None:
         self.handles.pop(handle, None)
         if kept.timer:
             kept.timer.cancel()
-        if complete:
-            self.pulled += 1
         kept.release()
 
     def authorize(self, header: str | None) -> None:
@@ -105,7 +99,7 @@ class KvExports:
 
     def release_all(self) -> None:
         for handle, kept in list(self.handles.items()):
-            self._finish(handle, kept, complete=False)
+            self._finish(handle, kept)
 
     async def route(self, request: Request) -> Response:
         """GET /v1/kv/{handle}: the stream, one frame per layer as it is read."""
@@ -121,7 +115,6 @@ class KvExports:
         kept.pulling = True
 
         async def body() -> AsyncIterator[bytes]:
-            complete = False
             try:
                 yield encode_preamble(kept.header)
                 crcs = []
@@ -131,8 +124,7 @@ class KvExports:
                     crcs.append(int.from_bytes(frame[-4:], "little"))
                     yield frame
                 yield encode_trailer(kept.header, crcs)
-                complete = True
             finally:
-                self._finish(handle, kept, complete)
+                self._finish(handle, kept)
 
         return StreamingResponse(body(), media_type=MEDIA_TYPE)

@@ -4,7 +4,8 @@ request, httptools' parser); `https://` ones through httpcore's connections.
 
 httpx's default pool (httpcore's AsyncConnectionPool) re-examines every connection, and asks each
 whether it has expired, on every request and every response close: with 64 requests in flight
-that scan took a third of the router's CPU (py-spy, canned upstream, 2-token answers). Here each
+that scan was a large share of the router's CPU in a py-spy profile (canned upstream, 2-token
+answers). Here each
 origin keeps a stack of idle connections; a request pops one (checking only that one), a closed
 response pushes it back if it can carry another request. Connections are httpcore's own, so
 HTTP parsing, timeouts (from the request's extensions) and errors are httpx's as usual. The
