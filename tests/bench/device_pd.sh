@@ -6,7 +6,9 @@
 # part and runs `device_pd.sh stage`; the second carries the other parts and runs
 # `device_pd.sh run`. Parts: `split -b 34M -d <gguf> .devcarry/part`, then part00 in
 # .devcarry/p1, part01 in .devcarry/p2, part02 in .devcarry/p3.
-# Writes $OUT/split.txt and $OUT/kv-handoff.txt.
+# Writes $OUT/split.txt and $OUT/kv-handoff.txt; `device_pd.sh router` (after stage, on the same
+# warm machine, carrying p2 and p3) runs the router's overhead benchmark on the host cores
+# instead and writes $OUT/router.txt.
 set -euo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -21,6 +23,13 @@ cat /tmp/part00 .devcarry/p2/part01 .devcarry/p3/part02 > /tmp/smollm2.gguf
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./engines/cpu
 nvidia-smi -L | tee "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/machine.txt"
+if [ "${1:-}" = router ]; then
+  # Router on CPU 0, load generator on CPU 1, the engine on 8 more (as in a pod: the sidecar
+  # has a core of its own).
+  python3 -m tests.bench.router_overhead --model /tmp/smollm2.gguf --router-cpus 0 \
+    --client-cpus 1 --engine-cpus 2-9 ${ROUTER_ARGS:-} | tee "$out/router.txt"
+  exit 0
+fi
 python3 -m tests.bench.split_agreement --device cuda --model /tmp/smollm2.gguf --prompts 50 \
   --decoder-threads 8 ${PREFILL_ARGS:+--prefill-args "$PREFILL_ARGS"} | tee "$out/split.txt"
 python3 -m tests.bench.kv_handoff --exporter prefill --device cuda --model /tmp/smollm2.gguf \

@@ -44,6 +44,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from heteroserve_engines.protocol.binding import parse_cpu_list
 from heteroserve_engines.protocol.router_config import Offload, RouterConfig, TierConfig
 from tests.cluster.harness import free_port
 from tests.processes import stop_process
@@ -73,6 +74,7 @@ ERROR = b'"error":'
 class Processes:
     folder: Path
     procs: list[subprocess.Popen] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)
 
     def start(self, name: str, args: list[str], cpus: set[int] | None = None,
               env: dict[str, str] | None = None) -> int:
@@ -86,6 +88,7 @@ class Processes:
             # Before it has started its threads (they inherit it).
             os.sched_setaffinity(proc.pid, cpus)
         self.procs.append(proc)
+        self.pids[name] = proc.pid
         return port
 
     def wait(self, name: str, url: str, timeout: float = 180) -> None:
@@ -121,8 +124,10 @@ def router_config_file(folder: Path, name: str, model: str, upstream: str, strea
 
 
 def start_all(procs: Processes, streams: int, engine_tokens: int, engine_cpus: set[int],
-              router_cpus: set[int]) -> dict[str, tuple[str, str]]:
-    """{target: (direct base URL, router base URL)}; every process answers before it returns.
+              router_cpus: set[int], gguf: str | None = None
+              ) -> dict[str, tuple[str, str, int]]:
+    """{target: (direct base URL, router base URL, router pid)}; every process answers before
+    it returns.
     The upstreams run on `engine_cpus`, the routers on `router_cpus` (as in a pod, where the
     router sidecar has a core of its own)."""
     blocks = -(-(PROMPT_TOKEN_BUDGET + engine_tokens) // 16) + 1
@@ -130,7 +135,8 @@ def start_all(procs: Processes, streams: int, engine_tokens: int, engine_cpus: s
     engine = procs.start("engine", [
         "heteroserve_engines.cpu_engine", "--served-model-name", ENGINE_MODEL,
         "--max-model-len", str(MAX_MODEL_LEN), "--max-running", str(streams),
-        "--max-waiting", str(4 * streams), "--kv-cache-gib", f"{kv_gib:.2f}"],
+        "--max-waiting", str(4 * streams), "--kv-cache-gib", f"{kv_gib:.2f}",
+        *(["--model", gguf] if gguf else [])],
         cpus=engine_cpus, env={"OMP_NUM_THREADS": str(len(engine_cpus)),
                                "CUSTOM_CPU_AFFINITY": ",".join(map(str, sorted(engine_cpus)))})
     procs.wait("engine", f"http://127.0.0.1:{engine}/health")
@@ -145,7 +151,7 @@ def start_all(procs: Processes, streams: int, engine_tokens: int, engine_cpus: s
                                   ["heteroserve_engines.router", "--config", str(config)],
                                   cpus=router_cpus)
         procs.wait(f"router-{name}", f"http://127.0.0.1:{router_port}/ready")
-        targets[name] = (direct, f"http://127.0.0.1:{router_port}")
+        targets[name] = (direct, f"http://127.0.0.1:{router_port}", procs.pids[f"router-{name}"])
     return targets
 
 
@@ -156,6 +162,7 @@ class Level:
     tokens: int
     wall: float
     errors: list[str]
+    cpu: float = math.nan  # the router's CPU seconds (user + system) per completed request
 
     def percentile(self, q: float) -> float:
         if not self.ttfts:
@@ -236,14 +243,20 @@ class Row:
     router: list[Level]
 
 
-async def measure(targets: dict[str, tuple[str, str]], levels: list[int],
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time so far, all threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
                   tokens: dict[str, int], requests: int, rounds: int,
                   client_cpus: dict[str, set[int]]) -> list[Row]:
     connections = 2 * max(levels)
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300, connect=30)) as client:
-        for target, (direct, router) in targets.items():
+        for target, (direct, router, router_pid) in targets.items():
             os.sched_setaffinity(0, client_cpus[target])
             model = ENGINE_MODEL if target == "engine" else "canned"
             # Warm-up: first-request code paths, and connections for the widest level (client
@@ -256,8 +269,12 @@ async def measure(targets: dict[str, tuple[str, str]], levels: list[int],
                 for _ in range(rounds):
                     row.direct.append(await run_level(client, direct, model, tokens[target],
                                                       streams, requests))
-                    row.router.append(await run_level(client, router, model, tokens[target],
-                                                      streams, requests))
+                    before = cpu_seconds(router_pid)
+                    level = await run_level(client, router, model, tokens[target], streams,
+                                            requests)
+                    done = len(level.ttfts)
+                    level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
+                    row.router.append(level)
                 rows.append(row)
                 print(f"  {target} x{streams}: done", file=sys.stderr, flush=True)
     return rows
@@ -291,8 +308,8 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
     print(f"medians of {rounds} round(s); max_tokens: engine {tokens['engine']}, canned "
           f"{tokens['canned']}; TTFT to the first chunk with content\n")
     print("| upstream | streams | path | TTFT p50 ms | TTFT p99 ms | tok/s | added TTFT p50 ms "
-          "| added TTFT p99 ms | throughput ratio | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| added TTFT p99 ms | throughput ratio | router CPU ms/request | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts: dict[str, list[str]] = {}
     for row in rows:
         for path, levels in (("direct", row.direct), ("router", row.router)):
@@ -302,7 +319,7 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
                      f"{1e3 * med(lv.percentile(0.99) for lv in levels):.1f}",
                      f"{med(lv.throughput for lv in levels):.0f}"]
             if path == "direct":
-                cells += ["", "", ""]
+                cells += ["", "", "", ""]
             else:
                 added50 = 1e3 * med(r.percentile(0.5) - d.percentile(0.5)
                                     for d, r in zip(row.direct, row.router, strict=True))
@@ -310,7 +327,8 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
                                     for d, r in zip(row.direct, row.router, strict=True))
                 ratio = med(r.throughput / d.throughput
                             for d, r in zip(row.direct, row.router, strict=True))
-                cells += [f"{added50:+.1f}", f"{added99:+.1f}", f"{ratio:.2f}"]
+                cpu = 1e3 * med(lv.cpu for lv in levels)
+                cells += [f"{added50:+.1f}", f"{added99:+.1f}", f"{ratio:.2f}", f"{cpu:.2f}"]
                 notes = verdicts.setdefault(row.target, [])
                 if not added50 <= 2.0:
                     notes.append(f"added TTFT p50 {added50:+.1f} ms at {row.streams} streams")
@@ -337,8 +355,16 @@ def main() -> int:
                         help="least requests per level (streams run requests back to back)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--router-cpus", default=None,
-                        help="CPUs of the routers and the load generator (default: CPU 0 "
-                        "when there are two or more, else all); the upstreams get the rest")
+                        help="CPUs of the routers (default: the first allowed CPU when there are "
+                        "two or more, else all)")
+    parser.add_argument("--client-cpus", default=None,
+                        help="CPUs of the load generator (default: with four or more CPUs, the "
+                        "second one; else the router's for the engine rows and the upstreams' "
+                        "for the canned rows)")
+    parser.add_argument("--engine-cpus", default=None,
+                        help="CPUs of the upstreams (default: every CPU left)")
+    parser.add_argument("--model", default=None,
+                        help="the CPU engine's GGUF (default: the embedded SmolLM2-135M)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: one round at 1 and 8 streams, 8 requests")
     args = parser.parse_args()
@@ -349,20 +375,29 @@ def main() -> int:
         parser.error(f"--tokens must be at most {MAX_MODEL_LEN - PROMPT_TOKEN_BUDGET}")
     tokens = {"engine": args.tokens, "canned": args.canned_tokens}
     allowed = sorted(os.sched_getaffinity(0))
-    router_cpus = ({int(c) for c in args.router_cpus.split(",")} if args.router_cpus
-                   else {allowed[0]} if len(allowed) > 1 else set(allowed))
-    engine_cpus = set(allowed) - router_cpus or set(allowed)
+
+    def cpus(text: str | None, default: set[int]) -> set[int]:
+        return set(parse_cpu_list(text)) if text else default
+
+    router_cpus = cpus(args.router_cpus, {allowed[0]} if len(allowed) > 1 else set(allowed))
+    own_client = len(allowed) >= 4 or args.client_cpus
+    client = cpus(args.client_cpus, {sorted(set(allowed) - router_cpus)[0]} if own_client
+                  else set())
+    engine_cpus = cpus(args.engine_cpus, set(allowed) - router_cpus - client or set(allowed))
+    # With few CPUs the load generator sits beside the router for the engine (whose cores it
+    # must not take) and beside the canned upstream for the canned target (the router, on its own
+    # core, is what is measured there: its ceiling). With four or more it has a core of its own.
+    client_cpus = ({"engine": client, "canned": client} if client
+                   else {"engine": router_cpus, "canned": engine_cpus})
     machine = describe_machine() + (
-        f"; routers on CPUs {sorted(router_cpus)}, upstreams on {sorted(engine_cpus)}; load "
-        f"generator beside the router (engine rows) or the canned upstream (canned rows)")
-    # The load generator: beside the router for the engine (whose cores it must not take), beside
-    # the canned upstream for the canned target (the router, on its own core, is what is
-    # measured there: its ceiling).
-    client_cpus = {"engine": router_cpus, "canned": engine_cpus}
+        f"; routers on CPUs {sorted(router_cpus)}, upstreams on {sorted(engine_cpus)}, load "
+        f"generator on {sorted(client_cpus['engine'])} (engine rows) and "
+        f"{sorted(client_cpus['canned'])} (canned rows)")
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as folder:
         procs = Processes(Path(folder))
         try:
-            targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus)
+            targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus,
+                                args.model)
             rows = asyncio.run(measure(targets, levels, tokens, args.requests, args.rounds,
                                        client_cpus))
         finally:

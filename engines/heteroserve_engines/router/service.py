@@ -82,6 +82,14 @@ class RouterService:
         self.created = int(time.time())
         self.relays: set[Relay] = set()
         self.draining = False
+        # Parsed upstream URLs: httpx.URL() from a string was a tenth of the router's CPU per
+        # request (py-spy, canned upstream). Bounded: DNS discovery may bring new addresses.
+        self._urls: dict[str, httpx.URL] = {}
+        connect = config.connect_timeout_seconds
+        self._timeouts = {
+            stream: httpx.Timeout(config.idle_timeout_seconds if stream
+                                  else config.request_timeout_seconds, connect=connect).as_dict()
+            for stream in (False, True)}
 
     # -- plain answers ---------------------------------------------------------------------------
     def models(self) -> ModelList:
@@ -273,11 +281,16 @@ class RouterService:
                           attempt: Attempt) -> httpx.Request:
         served = upstream.config.served_model_name
         body = json.dumps({**payload, "model": served} if served else payload).encode()
-        idle = self.config.idle_timeout_seconds if stream else self.config.request_timeout_seconds
-        timeout = httpx.Timeout(idle, connect=self.config.connect_timeout_seconds)
-        path = upstream.config.api_prefix + ROUTES[attempt.kind]
-        return self.client.build_request(
-            "POST", upstream.url + path, content=body, timeout=timeout,
+        address = upstream.url + upstream.config.api_prefix + ROUTES[attempt.kind]
+        url = self._urls.get(address)
+        if url is None:
+            if len(self._urls) >= 1024:
+                self._urls.clear()
+            url = self._urls[address] = httpx.URL(address)
+        # A plain Request, not client.build_request(): the client's defaults (its headers,
+        # cookies, base URL) mean nothing to an upstream, and merging them cost as much again.
+        return httpx.Request(
+            "POST", url, content=body, extensions={"timeout": self._timeouts[stream]},
             # identity: the relay passes bytes through unchanged, so they must be plain.
             headers={"content-type": "application/json", "accept-encoding": "identity",
                      "x-request-id": attempt.id})
