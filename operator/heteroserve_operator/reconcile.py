@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
 from .api.models import InferenceDeploymentSpec
+from .api.quantity import same_quantity
 from .kube import KINDS, SECRET, ApiError, KubeApi
 from .numa import NumaPlanError
 from .render import kv_token
@@ -45,16 +46,26 @@ class Outcome:
     error: str | None = None
 
 
-def is_subset(desired: Any, live: Any) -> bool:
+# Fields the apiserver stores as quantities in canonical form ("1.5Gi" comes back "1536Mi"):
+# the values of a container's resources.limits and resources.requests, an emptyDir's sizeLimit.
+QUANTITY_MAPS = frozenset({"limits", "requests"})
+QUANTITY_FIELDS = frozenset({"sizeLimit"})
+
+
+def is_subset(desired: Any, live: Any, quantity: bool = False) -> bool:
     """True when every field the operator sets has that value in the live object (the
-    apiserver adds defaults around them, which do not count as drift)."""
+    apiserver adds defaults around them, which do not count as drift). Quantities are compared
+    by value; `quantity`: the leaves below are quantities."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
-            k in live and is_subset(v, live[k]) for k, v in desired.items())
+            k in live and is_subset(v, live[k], quantity or k in QUANTITY_MAPS
+                                    or k in QUANTITY_FIELDS)
+            for k, v in desired.items())
     if isinstance(desired, list):
         return (isinstance(live, list) and len(desired) == len(live)
-                and all(is_subset(d, item) for d, item in zip(desired, live, strict=True)))
-    return desired == live
+                and all(is_subset(d, item, quantity)
+                        for d, item in zip(desired, live, strict=True)))
+    return same_quantity(desired, live) if quantity else desired == live
 
 
 def ready_for(status: dict[str, Any], generation: int) -> bool:

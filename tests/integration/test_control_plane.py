@@ -6,8 +6,17 @@ import json
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
+from heteroserve_operator.api import InferenceDeploymentSpec
+from heteroserve_operator.api.models import DNS_LABEL_MAX, MAX_NAME_LENGTH
+from heteroserve_operator.kube import KubeApi
+from heteroserve_operator.reconcile import Reconciler, cluster_facts
+from heteroserve_operator.render import kv_token
+from heteroserve_operator.render.children import render
+from heteroserve_operator.render.meta import Owner
 from tests.cluster.catalogue import NRT_GROUP, NRT_PLURAL, NRT_VERSION, load_catalogue
+from tests.fixtures.invalid_specs import BASE, CPU_ONLY, INVALID_NAMES, LONGEST_NAME, VALID_SPECS
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -190,3 +199,87 @@ def test_kubeconfig_is_usable_by_the_python_client(cluster):
     assert version.git_version.startswith("v1.36.")
     assert yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"][
         "server"].startswith("https://127.0.0.1:")
+
+
+# -- admission rules of the InferenceDeployment CRD (api/models.py) -------------------------------
+def _document(name: str, namespace: str, spec: dict) -> str:
+    return json.dumps({"apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment",
+                       "metadata": {"name": name, "namespace": namespace}, "spec": spec})
+
+
+def _rendered_children(name: str, namespace: str) -> list[dict]:
+    catalogue = load_catalogue()
+    facts = cluster_facts([n.node_manifest() for n in catalogue],
+                          [n.topology_manifest() for n in catalogue])
+    # builtin prefill + builtin decode: every child kind, the KV token Secret included.
+    spec = InferenceDeploymentSpec.model_validate({
+        **BASE, "prefill": {"accelerator": {"type": "nvidia", "count": 1},
+                            "engine": {"kind": "builtin"}, "replicas": 2},
+        "decode": {"cpus": 8, "replicas": 2},
+        "ingress": {"enabled": True, "host": "llm.example.com"}})
+    owner = Owner(name, namespace, "00000000-0000-0000-0000-000000000001")
+    rendered = render(spec, owner, facts)
+    assert rendered.kv_token_secret is not None
+    return [*rendered.children, kv_token.secret(owner, "x")]
+
+
+def _server_dry_run(cluster, manifests: list[dict]) -> dict[str, str]:
+    """kind/name -> the apiserver's refusal, for each manifest it refuses."""
+    refused = {}
+    for manifest in manifests:
+        result = cluster.kubectl("create", "--dry-run=server", "-o", "name", "-f", "-",
+                                 stdin=json.dumps(manifest), check=False)
+        if result.returncode != 0:
+            refused[f"{manifest['kind']}/{manifest['metadata']['name']}"] = result.stderr
+    return refused
+
+
+def test_names_the_children_cannot_carry_are_refused_at_admission(cluster, crd_installed,
+                                                                   namespace):
+    for name, message in INVALID_NAMES:
+        refused = cluster.kubectl("create", "-f", "-", stdin=_document(name, namespace, BASE),
+                                  check=False)
+        assert refused.returncode != 0, name
+        assert message in refused.stderr, (name, refused.stderr)
+        assert cluster.kubectl("get", "inferencedeployment", name, "-n", namespace,
+                               check=False).returncode != 0
+    # The longest name the rule admits is accepted, and the apiserver takes every child the
+    # operator renders for it.
+    cluster.kubectl("create", "-f", "-", stdin=_document(LONGEST_NAME, namespace, BASE))
+    assert _server_dry_run(cluster, _rendered_children(LONGEST_NAME, namespace)) == {}
+    # Without the rule, a longer name would be stored and its decode Service refused at apply.
+    too_long = LONGEST_NAME + "x" * (DNS_LABEL_MAX - len("-decode") - MAX_NAME_LENGTH + 1)
+    refused = _server_dry_run(cluster, _rendered_children(too_long, namespace))
+    assert list(refused) == [f"Service/{too_long}-decode"]
+    assert "must be no more than 63 characters" in refused[f"Service/{too_long}-decode"]
+    dotted = _server_dry_run(cluster, _rendered_children("my.model", namespace))
+    assert {"Service/my.model", "Service/my.model-decode"} <= set(dotted)
+
+
+@pytest.mark.parametrize(("name", "spec"), VALID_SPECS, ids=[n for n, _s in VALID_SPECS])
+def test_specs_at_the_edge_of_the_rules_are_accepted(cluster, crd_installed, namespace, name,
+                                                     spec):
+    cluster.kubectl("create", "-f", "-", stdin=_document(name, namespace, spec))
+    stored = json.loads(cluster.kubectl("get", "inferencedeployment", name, "-n", namespace,
+                                        "-o", "json").stdout)
+    assert InferenceDeploymentSpec.model_validate(stored["spec"]) == \
+        InferenceDeploymentSpec.model_validate(spec)
+
+
+def test_a_fractional_memory_is_no_drift(cluster, crd_installed, namespace):
+    """`1.5Gi` comes back from the apiserver as `1536Mi`; the reconciler must not re-apply it."""
+    spec = {**CPU_ONLY, "decode": {"cpus": 2, "memory": "1.5Gi"}}
+    cluster.kubectl("create", "-f", "-", stdin=_document("fractional", namespace, spec))
+    registry = CollectorRegistry()
+    reconciler = Reconciler(KubeApi(cluster.api_client(), registry), registry)
+    first = reconciler.reconcile_by_name(namespace, "fractional")
+    assert first.error is None and "Deployment/fractional-decode" in first.applied
+    live = json.loads(cluster.kubectl("get", "deployment", "fractional-decode", "-n", namespace,
+                                      "-o", "json").stdout)
+    engine = live["spec"]["template"]["spec"]["containers"][0]
+    assert engine["resources"]["limits"]["memory"] == "1536Mi"  # stored canonical
+    for _ in range(3):
+        again = reconciler.reconcile_by_name(namespace, "fractional")
+        assert again.error is None and again.applied == () and again.pruned == ()
+    assert registry.get_sample_value("heteroserve_operator_api_writes_total",
+                                     {"verb": "apply", "kind": "Deployment"}) == 1

@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from heteroserve_operator.api import crd
 from heteroserve_operator.api.models import (
-    AcceleratorSpec,
-    ApiModel,
-    DecodeSpec,
+    CHILD_NAME_SUFFIXES,
+    DNS_LABEL_MAX,
+    MAX_NAME_LENGTH,
     InferenceDeploymentSpec,
-    ModelVolume,
-    PrefillSpec,
-    TokenRange,
+    name_rule_failures,
 )
-from tests.fixtures.invalid_specs import BASE, INVALID_SPECS
+from heteroserve_operator.render.children import possible_children
+from heteroserve_operator.render.kv_token import secret_name
+from heteroserve_operator.render.meta import Owner
+from tests.fixtures.invalid_specs import (
+    BASE,
+    INVALID_NAMES,
+    INVALID_SPECS,
+    LONGEST_NAME,
+    VALID_SPECS,
+)
 
-RULE_MODELS: list[type[ApiModel]] = [ModelVolume, AcceleratorSpec, TokenRange, PrefillSpec,
-                                     DecodeSpec, InferenceDeploymentSpec]
+
+def schema_rules(node) -> list[dict[str, str]]:
+    """Every x-kubernetes-validations entry in a schema, at any depth."""
+    found = []
+    if isinstance(node, dict):
+        found.extend(node.get("x-kubernetes-validations", []))
+        for key, value in node.items():
+            if key != "x-kubernetes-validations":
+                found.extend(schema_rules(value))
+    elif isinstance(node, list):
+        for item in node:
+            found.extend(schema_rules(item))
+    return found
+
+
+def crd_schema() -> dict:
+    return crd.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def test_generated_files_have_not_drifted():
@@ -60,9 +84,55 @@ def test_schema_is_structural():
 
 
 def test_every_rule_has_an_invalid_fixture():
-    messages = {rule["message"] for model in RULE_MODELS for rule in model.cel_rules()}
-    covered = {message for _name, _spec, message in INVALID_SPECS}
-    assert messages == covered
+    schema = crd_schema()
+    spec_messages = {rule["message"] for rule in schema_rules(schema["properties"]["spec"])}
+    assert spec_messages == {message for _name, _spec, message in INVALID_SPECS}
+    name_messages = {rule["message"] for rule in schema["x-kubernetes-validations"]}
+    assert name_messages == {message for _name, message in INVALID_NAMES}
+    # Field-level rules are found too, not only the models' own.
+    assert "model.path must be an absolute path (starting with /)" in spec_messages
+
+
+@pytest.mark.parametrize(("name", "spec"), VALID_SPECS, ids=[n for n, _s in VALID_SPECS])
+def test_valid_fixtures_pass_the_python_mirror(name, spec):
+    InferenceDeploymentSpec.model_validate(spec)
+
+
+@pytest.mark.parametrize(("name", "message"), INVALID_NAMES, ids=[n for n, _m in INVALID_NAMES])
+def test_python_mirror_of_the_name_rules(name, message):
+    assert [rule["message"] for rule in name_rule_failures(name)] == [message]
+
+
+def test_the_longest_accepted_name_leaves_every_child_a_dns_label():
+    assert name_rule_failures(LONGEST_NAME) == []
+    names = [name for _api, _kind, name in possible_children(LONGEST_NAME)]
+    names.append(secret_name(Owner(LONGEST_NAME, "ns", "uid")))
+    assert max(map(len, names)) == DNS_LABEL_MAX
+    assert all(re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", n) for n in names), names
+    # Every suffix the render uses is one the limit was computed from.
+    suffixes = {n[len(LONGEST_NAME):] for n in names} - {""}
+    assert suffixes <= set(CHILD_NAME_SUFFIXES)
+    assert DNS_LABEL_MAX - max(map(len, suffixes)) == MAX_NAME_LENGTH
+
+
+def test_reference_renders_cleanly():
+    """No stray backticks, YAML document ends or bare <tags> in the generated Markdown."""
+    text = crd.reference_markdown()
+    assert "\n..." not in text and "``" not in text
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = re.split(r"(?<!\\)\|", line)[1:-1]
+            assert len(cells) == 4, line
+            for cell in cells:
+                assert cell.count("`") % 2 == 0, line
+        else:
+            assert line.count("`") % 2 == 0, line
+        outside_code = "".join(line.split("`")[::2])
+        assert "<" not in outside_code or line.startswith("<!--"), line
+    assert "| `model.maxModelLen` | integer | `8192` |" in text
+    assert "| `model.dtype` | `auto` \\| `half`" in text
+    assert "| `router` | object | `{}` |" in text
+    assert "| `decode.engine.env.value` | string | `\"\"` |" in text
 
 
 @pytest.mark.parametrize(("name", "spec", "message"), INVALID_SPECS,

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+from decimal import Decimal
+
 import pytest
 
 from heteroserve_operator.api import InferenceDeploymentSpec
+from heteroserve_operator.api.quantity import QuantityError, parse_quantity
 from heteroserve_operator.numa import NumaPlanError
 from heteroserve_operator.reconcile import cluster_facts, is_subset
 from heteroserve_operator.render.children import render
@@ -138,6 +142,42 @@ def test_field_subset_drift_check():
     live["spec"]["replicas"] = 5
     assert not is_subset(desired, live)
     assert not is_subset({"a": [1, 2]}, {"a": [1]})
+
+
+def test_drift_check_compares_quantities_by_value():
+    """The apiserver stores `1.5Gi` as `1536Mi`: the same value is no drift, another one is."""
+    (decode,) = by_kind(render(spec(decode={"cpus": 4, "memory": "1.5Gi"}), OWNER, FACTS))[
+        "Deployment"]
+    live = copy.deepcopy(decode)
+    container = live["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["memory"] == "1.5Gi"
+    container["resources"] = {"limits": {"cpu": "4", "memory": "1536Mi"},
+                              "requests": {"cpu": "4000m", "memory": "1610612736"}}
+    shm = next(v for v in live["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
+    shm["emptyDir"]["sizeLimit"] = "1024Mi"
+    assert is_subset(decode, live)
+    container["resources"]["limits"]["memory"] = "1537Mi"
+    assert not is_subset(decode, live)
+    container["resources"]["limits"]["memory"] = "1536Mi"
+    shm["emptyDir"]["sizeLimit"] = "2Gi"
+    assert not is_subset(decode, live)
+    # Only quantity fields compare by value: an env value "1k" is not "1000".
+    assert not is_subset({"env": [{"name": "X", "value": "1000"}]},
+                         {"env": [{"name": "X", "value": "1k"}]})
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1.5Gi", 1610612736), ("1536Mi", 1610612736), ("500m", Decimal("0.5")), ("1e3", 1000),
+    ("1E-3", Decimal("0.001")), ("2k", 2000), ("0", 0), (".5", Decimal("0.5")),
+    ("999999999Ei", 999999999 * 2**60)])
+def test_quantities_parse_to_exact_values(text, value):
+    assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "Gi", "1.5GiB", "1 Gi", "1.2.3", "0x10", "1ki"])
+def test_malformed_quantities_are_refused(text):
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
 
 
 def test_status_conditions_and_transition_events():

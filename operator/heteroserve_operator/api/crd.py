@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 from .models import (
     GROUP,
     KIND,
+    NAME_RULES,
     PLURAL,
     SHORT_NAMES,
     SINGULAR,
@@ -142,6 +144,7 @@ def crd() -> dict[str, Any]:
                             "type": "object",
                             "description": " ".join(InferenceDeploymentSpec.__doc__.split()),
                             "required": ["spec"],
+                            "x-kubernetes-validations": NAME_RULES,
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
@@ -161,6 +164,27 @@ def crd_yaml() -> str:
     return GENERATED_HEADER + yaml.safe_dump(crd(), sort_keys=False, width=100)
 
 
+def code(value: Any) -> str:
+    """A Markdown code span of a value as written in YAML or JSON: strings bare (an empty or blank
+    one quoted), everything else as compact JSON (`{}`, `8192`, `true`); backticks inside get a
+    longer fence."""
+    text = value if isinstance(value, str) and value.strip() else json.dumps(
+        value, separators=(", ", ": "))
+    fence = "``" if "`" in text else "`"
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def prose(text: str, table: bool = False) -> str:
+    """Text for Markdown: `<` and `>` outside code spans as entities (`<name>` is no HTML tag),
+    and in a table cell every `|` escaped."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+    text = "`".join(parts)
+    return text.replace("|", "\\|") if table else text
+
+
 def reference_markdown() -> str:
     """docs/reference/api.md: every field, its type, default and description; the CEL rules."""
     lines = [
@@ -172,47 +196,52 @@ def reference_markdown() -> str:
         "",
     ]
 
+    def rule_lines(rules: list[dict[str, str]], where: str) -> None:
+        lines.append(f"Rules checked by the apiserver on `{where}`:")
+        lines.extend(f"- {code(r['rule'])} — {prose(r['message'])}" for r in rules)
+        lines.append("")
+
     def walk(schema: dict[str, Any], path: str, depth: int) -> None:
         rules = schema.get("x-kubernetes-validations", [])
         if rules:
-            lines.append(f"Rules checked by the apiserver on `{path or 'spec'}`:")
-            lines.extend(f"- `{r['rule']}` — {r['message']}" for r in rules)
-            lines.append("")
+            rule_lines(rules, path or "spec")
         props = schema.get("properties", {})
         if not props:
             return
         required = set(schema.get("required", []))
         lines.extend(["| field | type | default | description |", "|---|---|---|---|"])
-        nested = []
+        nested, field_rules = [], []
         for name, prop in props.items():
+            field = f"{path}.{name}".lstrip(".")
             kind = prop.get("type", "object")
             if "enum" in prop:
-                kind = " \\| ".join(f"`{v}`" for v in prop["enum"])
+                kind = " \\| ".join(code(v) for v in prop["enum"])
             elif kind == "array":
                 kind = f"array of {prop.get('items', {}).get('type', 'object')}"
-            default = (
-                "required"
-                if name in required
-                else (
-                    f"`{yaml.safe_dump(prop['default'], default_flow_style=True).strip()}`"
-                    if "default" in prop
-                    else ""
-                )
-            )
-            desc = prop.get("description", "").replace("\n", " ").replace("|", "\\|")
-            lines.append(
-                f"| `{path}.{name}`".replace("`.", "`") + f"` | {kind} | {default} | {desc} |"
-            )
+            if name in required:
+                default = "required"
+            elif "default" in prop:
+                default = code(prop["default"])
+            else:
+                default = ""
+            desc = prose(prop.get("description", ""), table=True)
+            lines.append(f"| {code(field)} | {kind} | {default} | {desc} |")
+            if prop.get("x-kubernetes-validations") and not prop.get("properties"):
+                field_rules.append((field, prop["x-kubernetes-validations"]))
             child = prop.get("items", prop) if prop.get("type") == "array" else prop
             if child.get("properties"):
-                nested.append((child, f"{path}.{name}".lstrip(".")))
+                nested.append((child, field))
         lines.append("")
+        for field, rules in field_rules:
+            rule_lines(rules, field)
         for child, child_path in nested:
             lines.extend([f"{'#' * min(depth + 1, 6)} `{child_path}`", ""])
             if child.get("description"):
-                lines.extend([child["description"], ""])
+                lines.extend([prose(child["description"]), ""])
             walk(child, child_path, depth + 1)
 
+    lines.extend(["## metadata", ""])
+    rule_lines(NAME_RULES, "metadata.name")
     lines.extend(["## spec", ""])
     walk(openapi_schema(InferenceDeploymentSpec), "", 2)
     lines.extend(["## status", ""])

@@ -8,10 +8,21 @@ apiserver.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+
+from heteroserve_engines.protocol.binding import (
+    BINDING_VARIABLES,
+    INFERENCE_OP_MODE,
+    NRC,
+    SYSHAX_QUANTIZE,
+)
+
+from .quantity import parse_quantity
 
 GROUP = "heteroserve.io"
 VERSION = "v1alpha1"
@@ -24,6 +35,25 @@ QUANTITY_PATTERN = r"^(\d+(\.\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # In the CRD, an object with all-defaulted fields defaults to {} so the apiserver fills it in.
 OBJECT_DEFAULT = {"default": {}}
+# Lists the CEL rules iterate over are bounded, so the apiserver can bound the rules' cost.
+MAX_ENV = 128
+MAX_ARGS = 256
+# Upper bounds of the engines' sizes: far above any seed, low enough that a typo is refused.
+MAX_TOKENS = 1048576          # context, bucket and warmup lengths
+MAX_BATCHED_TOKENS = 16777216  # tokens per engine step
+MAX_SEQS = 65536               # concurrent sequences
+
+# The children are named `<name>` and `<name><suffix>` (render/children.py, render/kv_token.py);
+# Services need DNS-1035 labels of at most 63 characters, and every child name stays one.
+CHILD_NAME_SUFFIXES = ("-prefill", "-decode", "-router", "-engine", "-kv-token")
+DNS_LABEL_MAX = 63
+MAX_NAME_LENGTH = DNS_LABEL_MAX - max(map(len, CHILD_NAME_SUFFIXES))
+DNS_1035_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+# The environment of the CPU decode engines that the operator sets (render/engines/cpu_env.py):
+# the binding follows decode.cpus and decode.numaNodes (threads = bound CPUs), quantization and
+# NRC follow decode.quantization and decode.gemvTiling. A user entry would override them.
+OPERATOR_DECODE_ENV = (*BINDING_VARIABLES, INFERENCE_OP_MODE, SYSHAX_QUANTIZE, NRC)
 
 AcceleratorType = Literal["nvidia", "ascend", "gaudi"]
 PrefillEngineKind = Literal["vllm", "vllm-gaudi", "vllm-ascend", "ksana", "builtin"]
@@ -51,6 +81,37 @@ class ApiModel(BaseModel):
                 "x-kubernetes-validations", []
             )
         )
+
+
+def field_rule(rule: str, message: str, check: Callable[[Any], bool]) -> tuple[Any, Any]:
+    """A CEL rule on one field (`Annotated[type, *field_rule(...)]`) and its Python mirror for
+    local mode, which refuses the value with the same message."""
+
+    def validate(value: Any) -> Any:
+        if not check(value):
+            raise ValueError(message)
+        return value
+
+    return (Field(json_schema_extra={"x-kubernetes-validations": [cel(rule, message)]}),
+            AfterValidator(validate))
+
+
+def absolute_path(field: str) -> Any:
+    """A path that must start with '/'."""
+    return Annotated[str, Field(max_length=4096), *field_rule(
+        "self.startsWith('/')", f"{field} must be an absolute path (starting with /)",
+        lambda value: value.startswith("/"))]
+
+
+def bounded_quantity(field: str, low: str, high: str) -> Any:
+    """A quantity between `low` and `high`: the apiserver would clamp a huge one (999999999Ei)
+    in the pod and leave it Pending with no word why."""
+    low_value, high_value = parse_quantity(low), parse_quantity(high)
+    return Annotated[str, Field(pattern=QUANTITY_PATTERN, max_length=32), *field_rule(
+        f"quantity(self).compareTo(quantity('{low}')) >= 0 && "
+        f"quantity(self).compareTo(quantity('{high}')) <= 0",
+        f"{field} must be between {low} and {high}",
+        lambda value: low_value <= parse_quantity(value) <= high_value)]
 
 
 def rules(*entries: dict[str, str]) -> ConfigDict:
@@ -85,10 +146,10 @@ class ModelVolume(ApiModel):
     claim_name: str | None = Field(
         default=None, description="Name of a PersistentVolumeClaim in the same namespace."
     )
-    host_path: str | None = Field(
+    host_path: absolute_path("model.volume.hostPath") | None = Field(
         default=None, description="A directory on the node (the seeds' `-v /home/models:...`)."
     )
-    mount_path: str = Field(
+    mount_path: absolute_path("model.volume.mountPath") = Field(
         default="/models", description="Where the volume is mounted in the containers."
     )
 
@@ -102,16 +163,16 @@ class ModelSpec(ApiModel):
         min_length=1,
         max_length=253,
     )
-    path: str = Field(
-        description="Path of the weights inside the containers (a directory, or a GGUF file "
-        "for CPU engines).",
+    path: absolute_path("model.path") = Field(
+        description="Absolute path of the weights inside the containers (a directory, or a "
+        "GGUF file for CPU engines).",
         min_length=1,
     )
     volume: ModelVolume | None = Field(default=None, description="Volume holding the weights.")
     max_model_len: int = Field(
         default=8192,
         ge=16,
-        le=1048576,
+        le=MAX_TOKENS,
         description="Maximum context length in tokens (prompt + completion).",
     )
     dtype: Dtype = Field(default="auto", description="Accelerator compute dtype (vLLM `--dtype`).")
@@ -133,7 +194,10 @@ class AcceleratorSpec(ApiModel):
 
     type: AcceleratorType = Field(description="Accelerator family.")
     count: int = Field(
-        default=1, ge=1, le=16, description="Cards per replica; the engine's tensor-parallel size."
+        default=1,
+        ge=1,
+        le=16,
+        description="Cards per replica; the engine's tensor-parallel size.",
     )
     product: str | None = Field(
         default=None,
@@ -151,8 +215,8 @@ class TokenRange(ApiModel):
 
     model_config = rules(cel("self.min <= self.max", "range min must not exceed max"))
 
-    min: int = Field(ge=1, description="Smallest count.")
-    max: int = Field(ge=1, description="Largest count.")
+    min: int = Field(ge=1, le=MAX_TOKENS, description="Smallest count.")
+    max: int = Field(ge=1, le=MAX_TOKENS, description="Largest count.")
 
 
 class GaudiWarmup(ApiModel):
@@ -163,15 +227,21 @@ class GaudiWarmup(ApiModel):
         description="Keep compiled HPU recipes on a node-local volume keyed by model, engine "
         "configuration and image, so later starts skip recompiling (`-c`).",
     )
-    recipe_cache_path: str = Field(
+    recipe_cache_path: absolute_path("prefill.engine.warmup.recipeCachePath") = Field(
         default="/data/warmup_cache", description="Where the cache is mounted."
     )
     skip: bool = Field(default=False, description="Skip warmup (`-s`); needs a warm cache.")
     reduced_max_batch_size: int | None = Field(
-        default=None, ge=1, description="Warm only up to this batch size (`-r`, with maxSeqLen)."
+        default=None,
+        ge=1,
+        le=MAX_SEQS,
+        description="Warm only up to this batch size (`-r`, with maxSeqLen).",
     )
     reduced_max_seq_len: int | None = Field(
-        default=None, ge=1, description="Warm only up to this sequence length (`-r`)."
+        default=None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="Warm only up to this sequence length (`-r`).",
     )
 
 
@@ -186,16 +256,21 @@ class PrefillEngineSpec(ApiModel):
         le=65535,
         description="Engine HTTP port; default 8001 (Gaudi: 30001).",
     )
-    args: list[str] = Field(default_factory=list, description="Extra engine arguments.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ARGS, description="Extra engine arguments."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=MAX_ENV, description="Extra environment."
+    )
     block_size: int | None = Field(
         default=None,
         ge=1,
+        le=1024,
         description="KV-cache block size in tokens (vLLM `--block_size`, "
         "KsanaLLM `block_token_num`); sysHAX needs 16 on both tiers.",
     )
     swap_space: int | None = Field(
-        default=None, ge=0, description="CPU swap space in GiB (vLLM `--swap_space`)."
+        default=None, ge=0, le=16384, description="CPU swap space in GiB (vLLM `--swap_space`)."
     )
     preemption_mode: Literal["swap", "recompute"] | None = Field(
         default=None, description="vLLM `--preemption_mode`; sysHAX uses swap."
@@ -206,10 +281,14 @@ class PrefillEngineSpec(ApiModel):
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_SEQS,
         description="Maximum concurrent sequences (Gaudi `-b`, KsanaLLM `max_batch_size`).",
     )
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=1, description="Maximum tokens per step (Gaudi `-t`)."
+        default=None,
+        ge=1,
+        le=MAX_BATCHED_TOKENS,
+        description="Maximum tokens per step (Gaudi `-t`).",
     )
     input_range: TokenRange | None = Field(
         default=None, description="Gaudi bucketing: prompt lengths to warm up (`-i`)."
@@ -218,9 +297,8 @@ class PrefillEngineSpec(ApiModel):
         default=None, description="Gaudi bucketing: completion lengths to warm up (`-o`)."
     )
     warmup: GaudiWarmup | None = Field(default=None, description="Gaudi warmup settings.")
-    shm_size: str | None = Field(
+    shm_size: bounded_quantity("prefill.engine.shmSize", "1Mi", "16Ti") | None = Field(
         default=None,
-        pattern=QUANTITY_PATTERN,
         description="Size of the memory-backed /dev/shm (the seeds' `--shm-size`); default 64Gi "
         "for vLLM engines, 50Gi for KsanaLLM.",
     )
@@ -255,9 +333,8 @@ class PrefillSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1000, description="Prefill pods.")
     accelerator: AcceleratorSpec = Field(description="Accelerator cards per pod.")
     engine: PrefillEngineSpec = Field(description="Engine on the accelerator.")
-    memory: str = Field(
+    memory: bounded_quantity("prefill.memory", "64Mi", "16Ti") = Field(
         default="64Gi",
-        pattern=QUANTITY_PATTERN,
         description="Host memory request and limit of the engine container.",
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node selector.")
@@ -265,6 +342,17 @@ class PrefillSpec(ApiModel):
 
 class DecodeEngineSpec(ApiModel):
     """The CPU engine that continues decoding offloaded requests."""
+
+    model_config = rules(
+        cel(
+            "!has(self.env) || !self.env.exists(e, e.name in ["
+            + ", ".join(f"'{name}'" for name in OPERATOR_DECODE_ENV) + "])",
+            "decode.engine.env may not set " + ", ".join(OPERATOR_DECODE_ENV) + ": the "
+            "operator sets them (the CPU binding from decode.cpus and decode.numaNodes, with "
+            "threads = bound CPUs; quantization and NRC from decode.quantization and "
+            "decode.gemvTiling)",
+        ),
+    )
 
     kind: DecodeEngineKind = Field(
         default="builtin",
@@ -278,8 +366,15 @@ class DecodeEngineSpec(ApiModel):
         le=65535,
         description="Engine HTTP port; default 8002 (sysinfer: 7860).",
     )
-    args: list[str] = Field(default_factory=list, description="Extra engine arguments.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment.")
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ARGS, description="Extra engine arguments."
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=MAX_ENV,
+        description="Extra environment; not the variables the operator sets ("
+        + ", ".join(OPERATOR_DECODE_ENV) + ").",
+    )
 
 
 class DecodeSpec(ApiModel):
@@ -326,8 +421,8 @@ class DecodeSpec(ApiModel):
         "2 with q8_0. Default: that guidance, except for the builtin engine, which "
         "then chooses per matrix by row width.",
     )
-    memory: str = Field(
-        default="64Gi", pattern=QUANTITY_PATTERN, description="Memory request and limit per pod."
+    memory: bounded_quantity("decode.memory", "64Mi", "16Ti") = Field(
+        default="64Gi", description="Memory request and limit per pod."
     )
     engine: DecodeEngineSpec = Field(
         default_factory=DecodeEngineSpec,
@@ -350,10 +445,14 @@ class OffloadSpec(ApiModel):
     min_cpu_tokens_per_second: float = Field(
         default=10,
         ge=0,
+        le=100000,
         description="Offload only while the CPU tier decodes at least this fast per request.",
     )
     cpu_max_batch_size: int = Field(
-        default=16, ge=1, description="Send no more concurrent sequences to one CPU engine."
+        default=16,
+        ge=1,
+        le=MAX_SEQS,
+        description="Send no more concurrent sequences to one CPU engine.",
     )
 
 
@@ -375,7 +474,12 @@ class RouterSpec(ApiModel):
         json_schema_extra=OBJECT_DEFAULT,
         description="Offload thresholds.",
     )
-    request_timeout_seconds: int = Field(default=600, ge=1, description="Per-request timeout.")
+    request_timeout_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=86400,
+        description="Per-request timeout.",
+    )
 
 
 class ServiceSpec(ApiModel):
@@ -448,6 +552,28 @@ class InferenceDeploymentSpec(ApiModel):
         return self
 
 
+# On the whole object (the CRD's root): the name every child is derived from.
+NAME_RULES = [
+    cel(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the operator names the "
+        f"children <name>{', <name>'.join(CHILD_NAME_SUFFIXES)}; each must stay a DNS label "
+        f"of at most {DNS_LABEL_MAX} characters",
+    ),
+    cel(
+        f"self.metadata.name.matches('{DNS_1035_PATTERN}')",
+        "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting "
+        "with a letter and ending with a letter or digit; no dots): it names the Services",
+    ),
+]
+
+
+def name_rule_failures(name: str) -> list[dict[str, str]]:
+    """The NAME_RULES in Python, for local mode."""
+    results = [len(name) <= MAX_NAME_LENGTH, re.fullmatch(DNS_1035_PATTERN, name) is not None]
+    return [rule for rule, ok in zip(NAME_RULES, results, strict=True) if not ok]
+
+
 def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
     """Evaluates the spec's CEL rules with their Python equivalents."""
     failures = []
@@ -499,6 +625,8 @@ def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
         )
     if spec.decode:
         d = spec.decode
+        checks.append((DecodeEngineSpec, d.engine, [
+            not any(e.name in OPERATOR_DECODE_ENV for e in d.engine.env)]))
         checks.append(
             (
                 DecodeSpec,
