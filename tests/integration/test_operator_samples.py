@@ -80,18 +80,22 @@ def check_syshax_q4(cluster, ns, name):
                  quant="q4_0", nrc=4, memory="64Gi")
 
 
-def check_gaudi(cluster, ns, name, *, args, cache_path, modules):
+def check_gaudi(cluster, ns, name, *, args, cache_path, modules, cards=4,
+                command=("bash", "scripts/start_gaudi_vllm_server.sh"),
+                workdir="/workspace/vllm-fork"):
     (pod,) = pods(cluster, ns, name, "prefill")
     engine = container(pod, "engine")
-    assert engine["command"] == ["bash", "scripts/start_gaudi_vllm_server.sh"]
-    assert engine["workingDir"] == "/workspace/vllm-fork"
+    assert engine["command"] == list(command)
+    assert engine["workingDir"] == workdir
     assert engine["args"] == args
     limits = engine["resources"]["limits"]
-    assert limits["habana.ai/gaudi"] == "4"
-    assert limits["hugepages-2Mi"] == "15000Mi"  # 4 of the host's 8 cards' 15000 pages
+    assert limits["habana.ai/gaudi"] == str(cards)
+    # The host's 15000 pages of 2 MiB for 8 cards, shared per card.
+    assert limits["hugepages-2Mi"] == f"{cards * 3750}Mi"
     assert engine["securityContext"]["capabilities"]["add"] == ["SYS_NICE"]
     variables = env(engine)
-    assert variables["HABANA_VISIBLE_DEVICES"] == "all"
+    # The device plugin sets HABANA_VISIBLE_DEVICES to the cards it allocated.
+    assert "HABANA_VISIBLE_DEVICES" not in variables
     assert variables["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
     assert variables["PT_HPU_ENABLE_LAZY_COLLECTIVES"] == "true"
     assert variables.get("HABANA_VISIBLE_MODULES") == modules
@@ -116,6 +120,17 @@ def check_gaudi_ds70b(cluster, ns, name):
         "-w", "/data/hf_models/DeepSeek-R1-Distill-Llama-70B", "-n", "4", "-b", "128",
         "-i", "800,4096", "-o", "800,2048", "-l", "8192", "-t", "8192", "-d", "bfloat16",
         "-p", "30001", "-u", "0.0.0.0", "-c", "/data/70B_warmup_cache"])
+
+
+def check_gaudi_r1_fp8(cluster, ns, name):
+    """Seed 003, 3.1: start_vllm.sh -w ... -q -u ... -p 8688 -b 128 -l 16384 -c ..."""
+    check_gaudi(cluster, ns, name, cache_path="/data/warmup_cache", modules=None, cards=8,
+                command=("bash", "start_vllm.sh"), workdir="/workspace/vllm-fork/quickstart",
+                args=["-w", "/data/hf_models/DeepSeek-R1-0528-G2", "-q", "-u", "0.0.0.0",
+                      "-p", "8688", "-b", "128", "-l", "16384", "-c", "/data/warmup_cache"])
+    router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
+        "data"]["router.yaml"])
+    assert router["accelerator"]["urls"] == ["http://127.0.0.1:8688"]
 
 
 def check_ksana(cluster, ns, name, *, resource, count, node):
@@ -146,6 +161,11 @@ def check_ksana_ascend(cluster, ns, name):
     assert mounts(engine)["/usr/local/Ascend/driver"] == "ascend-driver"
     assert volumes(pod)["ascend-driver"]["hostPath"]["path"] == "/usr/local/Ascend/driver"
     assert "/etc/ascend_install.info" in mounts(engine)
+    # Seed 004: npu-smi from /usr/local/sbin, the NPU logs under /var/log/npu (and /usr/slog).
+    assert mounts(engine)["/usr/local/sbin/npu-smi"] == "npu-smi"
+    assert volumes(pod)["npu-smi"]["hostPath"]["path"] == "/usr/local/sbin/npu-smi"
+    assert mounts(engine)["/var/log/npu"] == mounts(engine)["/usr/slog"] == "npu-log"
+    assert volumes(pod)["npu-log"]["hostPath"]["path"] == "/var/log/npu"
     assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/npu.chip.name": "910B2C"}
     assert volumes(pod)["dshm"]["emptyDir"]["sizeLimit"] == "50Gi"
 
@@ -164,7 +184,9 @@ def check_sysinfer(cluster, ns, name):
     assert variables["OMP_NUM_THREADS"] == "88"
     # 22 physical cores on each of the 4 NUMA nodes of the 128-core/256-thread Kunpeng.
     assert variables["GOMP_CPU_AFFINITY"] == "0-21,32-53,64-85,96-117"
-    assert variables["SYSHAX_QUANTIZE"] == "q4_0"
+    # Only the binding: INFERENCE_OP_MODE, SYSHAX_QUANTIZE and NRC are sysHAX's.
+    assert set(variables) == {"HOME", "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY",
+                              "CUSTOM_CPU_AFFINITY"}
     assert engine["resources"]["limits"]["cpu"] == "88"
     assert pod["spec"]["nodeName"] == "kunpeng-cpu-0"
     assert pod["status"]["qosClass"] == "Guaranteed"
@@ -217,6 +239,7 @@ CHECKS = {
     "syshax-ds-32b-q4": check_syshax_q4,
     "gaudi-qwen2-72b": check_gaudi_qwen,
     "gaudi-ds-r1-distill-llama-70b": check_gaudi_ds70b,
+    "gaudi-ds-r1-fp8": check_gaudi_r1_fp8,
     "ksana-ascend": check_ksana_ascend,
     "ksana-nvidia": check_ksana_nvidia,
     "sysinfer-baichuan2-13b": check_sysinfer,

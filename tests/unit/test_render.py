@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import copy
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+import yaml
 
 from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.api.quantity import QuantityError, parse_quantity
@@ -312,3 +314,126 @@ def test_the_kv_token_value_is_never_rendered():
     assert secret["metadata"]["ownerReferences"] == [OWNER.reference()]
     assert secret["immutable"] is True and secret["type"] == "Opaque"
     assert secret["stringData"] == {"token": "a-value-made-by-the-reconciler"}
+
+
+# -- seed details (issue 13) ----------------------------------------------------------------------
+
+SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
+
+
+def sample_spec(name: str) -> InferenceDeploymentSpec:
+    return InferenceDeploymentSpec.model_validate(
+        yaml.safe_load((SAMPLES / f"{name}.yaml").read_text())["spec"])
+
+
+def tier_engine(rendered, component: str) -> tuple[dict, dict]:
+    """(pod spec, engine container) of the component's Deployment."""
+    deployment = next(d for d in by_kind(rendered)["Deployment"]
+                      if d["metadata"]["name"] == f"{OWNER.name}-{component}")
+    pod = deployment["spec"]["template"]["spec"]
+    return pod, next(c for c in pod["containers"] if c["name"] == "engine")
+
+
+def env_of(container: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def gaudi(**engine) -> InferenceDeploymentSpec:
+    return spec(prefill={"accelerator": {"type": "gaudi", "count": 4},
+                         "engine": {"kind": "vllm-gaudi", "maxNumSeqs": 128, **engine}},
+                decode=None, router={"policy": "accelerator"})
+
+
+def recipe_cache(rendered) -> str:
+    pod, _engine = tier_engine(rendered, "prefill")
+    volume = next(v for v in pod["volumes"] if v["name"] == "recipe-cache")
+    return volume["hostPath"]["path"]
+
+
+def test_gaudi_leaves_visible_devices_to_the_device_plugin():
+    """The plugin sets HABANA_VISIBLE_DEVICES to the cards it allocated; `all` would hand the pod
+    every card of the node."""
+    for name in ("gaudi-qwen2-72b", "gaudi-ds-r1-distill-llama-70b", "gaudi-ds-r1-fp8"):
+        _pod, engine = tier_engine(render(sample_spec(name), OWNER, FACTS), "prefill")
+        variables = env_of(engine)
+        assert "HABANA_VISIBLE_DEVICES" not in variables
+        assert variables["OMPI_MCA_btl_vader_single_copy_mechanism"] == "none"
+
+
+def test_gaudi_restarts_with_skip_or_reduced_warmup_reuse_the_recipe_cache():
+    full = recipe_cache(render(gaudi(warmup={"recipeCache": True}), OWNER, FACTS))
+    assert full.startswith("/var/lib/heteroserve/gaudi-recipe-cache/")
+    # Seed 003, 2.2: a second start adds -s, or -r with the hot batch size and length, on the
+    # cache the first one filled; where it listens or which modules it uses compiles nothing new.
+    for same in (gaudi(warmup={"recipeCache": True, "skip": True}),
+                 gaudi(warmup={"recipeCache": True, "reducedMaxBatchSize": 8,
+                               "reducedMaxSeqLen": 24000}),
+                 gaudi(warmup={"recipeCache": True, "recipeCachePath": "/data/other"}),
+                 gaudi(warmup={"recipeCache": True}, port=30002)):
+        assert recipe_cache(render(same, OWNER, FACTS)) == full
+    moved = spec(prefill={"accelerator": {"type": "gaudi", "count": 4, "moduleIds": [4, 5, 6, 7]},
+                          "engine": {"kind": "vllm-gaudi", "maxNumSeqs": 128,
+                                     "warmup": {"recipeCache": True}}},
+                 decode=None, router={"policy": "accelerator"})
+    assert recipe_cache(render(moved, OWNER, FACTS)) == full
+    # What the recipes are compiled for changes the key.
+    for other in (gaudi(warmup={"recipeCache": True}, maxNumSeqs=64),
+                  gaudi(warmup={"recipeCache": True}, inputRange={"min": 4, "max": 2048}),
+                  gaudi(warmup={"recipeCache": True}, image="registry.example/vllm-gaudi:2"),
+                  gaudi(warmup={"recipeCache": True}, args=["--enable-prefix-caching"])):
+        assert recipe_cache(render(other, OWNER, FACTS)) != full
+
+
+def test_gaudi_deepseek_r1_fp8_on_eight_cards_runs_start_vllm():
+    """Seed 003, 3.1: `bash start_vllm.sh -w /data/hf_models/DeepSeek-R1-0528-G2 -q -u ...
+    -p 8688 -b 128 -l 16384 -c /data/warmup_cache` from vllm-fork/quickstart."""
+    fp8 = sample_spec("gaudi-ds-r1-fp8")
+    rendered = render(fp8, OWNER, FACTS)
+    _pod, engine = tier_engine(rendered, "prefill")
+    assert engine["command"] == ["bash", "start_vllm.sh"]
+    assert engine["workingDir"] == "/workspace/vllm-fork/quickstart"
+    assert engine["args"] == ["-w", "/data/hf_models/DeepSeek-R1-0528-G2", "-q",
+                              "-u", "0.0.0.0", "-p", "8688", "-b", "128", "-l", "16384",
+                              "-c", "/data/warmup_cache"]
+    assert engine["ports"][0]["containerPort"] == 8688
+    assert engine["resources"]["limits"]["habana.ai/gaudi"] == "8"
+    assert engine["resources"]["limits"]["hugepages-2Mi"] == "30000Mi"
+    assert engine["image"] == fp8.prefill.engine.image
+    assert {"name": "recipe-cache", "mountPath": "/data/warmup_cache"} in engine["volumeMounts"]
+    # The restart the seed suggests (skip warmup) finds the same cache.
+    skip = fp8.model_copy(update={"prefill": fp8.prefill.model_copy(update={
+        "engine": fp8.prefill.engine.model_copy(update={
+            "warmup": fp8.prefill.engine.warmup.model_copy(update={"skip": True})})})})
+    skipped = render(skip, OWNER, FACTS)
+    assert tier_engine(skipped, "prefill")[1]["args"][-1] == "-s"
+    assert recipe_cache(skipped) == recipe_cache(rendered)
+    # The same flags through the other script do not share its cache.
+    plain = gaudi(warmup={"recipeCache": True})
+    assert recipe_cache(render(plain, OWNER, FACTS)) != recipe_cache(rendered)
+
+
+def test_sysinfer_gets_only_the_binding_variables():
+    _pod, engine = tier_engine(render(sample_spec("sysinfer-baichuan2-13b"), OWNER, FACTS),
+                             "decode")
+    variables = env_of(engine)
+    assert set(variables) == {"HOME", "OMP_NUM_THREADS", "CUSTOM_CPU_AFFINITY",
+                              "GOMP_CPU_AFFINITY"}
+    assert variables["OMP_NUM_THREADS"] == "88"
+    # The sysHAX engines keep their knobs.
+    _pod, syshax = tier_engine(render(sample_spec("syshax-ds-32b-q4"), OWNER, FACTS), "decode")
+    assert {"INFERENCE_OP_MODE", "SYSHAX_QUANTIZE", "NRC"} <= set(env_of(syshax))
+
+
+def test_ascend_mounts_npu_smi_from_sbin_and_the_npu_logs():
+    """Seed 004's NPU `docker run`: -v /usr/local/sbin/npu-smi:/usr/local/sbin/npu-smi,
+    -v /var/log/npu/...:/var/log/npu/... and -v /var/log/npu/:/usr/slog."""
+    pod, engine = tier_engine(render(sample_spec("ksana-ascend"), OWNER, FACTS), "prefill")
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in engine["volumeMounts"]}
+    assert volumes["npu-smi"]["hostPath"]["path"] == "/usr/local/sbin/npu-smi"
+    assert mounts["/usr/local/sbin/npu-smi"]["readOnly"] is True
+    assert not any(path.startswith("/usr/local/bin") for path in mounts)
+    assert volumes["npu-log"]["hostPath"]["path"] == "/var/log/npu"
+    for path in ("/var/log/npu", "/usr/slog"):
+        assert mounts[path]["name"] == "npu-log" and mounts[path]["readOnly"] is False
+    assert mounts["/usr/local/Ascend/driver"]["readOnly"] is True

@@ -60,6 +60,11 @@ PrefillEngineKind = Literal["vllm", "vllm-gaudi", "vllm-ascend", "ksana", "built
 DecodeEngineKind = Literal["builtin", "vllm-cpu", "sysinfer"]
 Quantization = Literal["q8_0", "q4_0"]
 Dtype = Literal["auto", "half", "float16", "bfloat16", "float32"]
+# The Gaudi start scripts of seed 003: scripts/start_gaudi_vllm_server.sh (sections 2-3.2) and the
+# deepseek_r1 branch's quickstart/start_vllm.sh (section 3.1, DeepSeek-R1 FP8 on 8 cards).
+GaudiScript = Literal["start_gaudi_vllm_server", "start_vllm"]
+# start_vllm.sh: "maximal value for single node: 32768".
+START_VLLM_MAX_MODEL_LEN = 32768
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
@@ -254,7 +259,21 @@ class PrefillEngineSpec(ApiModel):
         default=None,
         ge=1024,
         le=65535,
-        description="Engine HTTP port; default 8001 (Gaudi: 30001).",
+        description="Engine HTTP port; default 8001 (Gaudi: 30001, Gaudi start_vllm: 8688).",
+    )
+    script: GaudiScript | None = Field(
+        default=None,
+        description="vllm-gaudi: the start script. start_gaudi_vllm_server (default): "
+        "scripts/start_gaudi_vllm_server.sh of vllm-fork; start_vllm: quickstart/start_vllm.sh "
+        "of vllm-fork's deepseek_r1 branch, DeepSeek-R1 FP8 on all 8 cards of a node, which "
+        "takes only `-w -u -p -l -b -c -s -q` (model.maxModelLen, maxNumSeqs, warmup.recipeCache, "
+        "warmup.skip, quantization) and needs an image with that branch, vllm-hpu-extension and "
+        "the model's measurement files.",
+    )
+    quantization: Literal["inc-fp8"] | None = Field(
+        default=None,
+        description="Quantize on load. inc-fp8: Intel Neural Compressor FP8 (Gaudi start_vllm "
+        "`-q`).",
     )
     args: list[str] = Field(
         default_factory=list, max_length=MAX_ARGS, description="Extra engine arguments."
@@ -327,6 +346,37 @@ class PrefillSpec(ApiModel):
         cel(
             "!has(self.engine.warmup) || self.accelerator.type == 'gaudi'",
             "engine.warmup applies to Gaudi only",
+        ),
+        cel(
+            "!has(self.engine.script) || self.engine.kind == 'vllm-gaudi'",
+            "engine.script applies to engine vllm-gaudi only",
+        ),
+        cel(
+            "!has(self.engine.quantization) || "
+            "(has(self.engine.script) && self.engine.script == 'start_vllm')",
+            "engine.quantization inc-fp8 needs engine.script start_vllm (the only Gaudi script "
+            "with -q)",
+        ),
+        cel(
+            "!has(self.engine.script) || self.engine.script != 'start_vllm' || "
+            "self.accelerator.count == 8",
+            "engine.script start_vllm runs on all 8 cards of a Gaudi node: accelerator.count "
+            "must be 8",
+        ),
+        cel(
+            "!has(self.engine.script) || self.engine.script != 'start_vllm' || "
+            "has(self.engine.image)",
+            "engine.script start_vllm needs engine.image: an image with vllm-fork's deepseek_r1 "
+            "branch, vllm-hpu-extension and the model's measurement files",
+        ),
+        cel(
+            "!has(self.engine.script) || self.engine.script != 'start_vllm' || "
+            "!(has(self.accelerator.moduleIds) || has(self.engine.inputRange) || "
+            "has(self.engine.outputRange) || has(self.engine.maxNumBatchedTokens) || "
+            "(has(self.engine.warmup) && (has(self.engine.warmup.reducedMaxBatchSize) || "
+            "has(self.engine.warmup.reducedMaxSeqLen))))",
+            "engine.script start_vllm takes no accelerator.moduleIds, inputRange, outputRange, "
+            "maxNumBatchedTokens or reduced warmup (it has no -m, -i, -o, -t or -r)",
         ),
     )
 
@@ -522,6 +572,13 @@ class InferenceDeploymentSpec(ApiModel):
             "!(self.router.policy in ['accelerator', 'split']) || has(self.prefill)",
             "router.policy accelerator and split need a prefill section",
         ),
+        cel(
+            "!has(self.prefill) || !has(self.prefill.engine.script) || "
+            "self.prefill.engine.script != 'start_vllm' || "
+            f"self.model.maxModelLen <= {START_VLLM_MAX_MODEL_LEN}",
+            f"engine.script start_vllm allows model.maxModelLen up to {START_VLLM_MAX_MODEL_LEN} "
+            "on a single node",
+        ),
     )
 
     model: ModelSpec = Field(description="The served model.")
@@ -588,6 +645,8 @@ def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
                 or spec.prefill is not None,
                 spec.router.policy not in ("cpu", "split") or spec.decode is not None,
                 spec.router.policy not in ("accelerator", "split") or spec.prefill is not None,
+                spec.prefill is None or spec.prefill.engine.script != "start_vllm"
+                or spec.model.max_model_len <= START_VLLM_MAX_MODEL_LEN,
             ],
         ),
     ]
@@ -609,6 +668,17 @@ def python_rule_failures(spec: InferenceDeploymentSpec) -> list[dict[str, str]]:
                     p.engine.kind != "vllm" or p.accelerator.type == "nvidia",
                     p.engine.kind != "ksana" or p.accelerator.type != "gaudi",
                     p.engine.warmup is None or p.accelerator.type == "gaudi",
+                    p.engine.script is None or p.engine.kind == "vllm-gaudi",
+                    p.engine.quantization is None or p.engine.script == "start_vllm",
+                    p.engine.script != "start_vllm" or p.accelerator.count == 8,
+                    p.engine.script != "start_vllm" or p.engine.image is not None,
+                    p.engine.script != "start_vllm" or not (
+                        p.accelerator.module_ids is not None or p.engine.input_range is not None
+                        or p.engine.output_range is not None
+                        or p.engine.max_num_batched_tokens is not None
+                        or (p.engine.warmup is not None and (
+                            p.engine.warmup.reduced_max_batch_size is not None
+                            or p.engine.warmup.reduced_max_seq_len is not None))),
                 ],
             )
         )

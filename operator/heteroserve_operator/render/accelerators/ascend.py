@@ -1,8 +1,10 @@
 """Huawei Ascend NPUs through the MindCluster device plugin.
 
-Without the Ascend Docker Runtime the driver is mounted from the host by hand (KsanaLLM's NPU
-`docker run`): the driver libraries, npu-smi, and the install info files. The plugin itself hands
-out /dev/davinciN and sets ASCEND_VISIBLE_DEVICES.
+Without the Ascend Docker Runtime the driver is mounted from the host by hand, as KsanaLLM's NPU
+`docker run` does (seed 004): the driver libraries, npu-smi from /usr/local/sbin, the install
+info file, and the NPU log tree /var/log/npu (slog configuration, slog, profiling and dump
+directories, also seen at /usr/slog). The plugin itself hands out /dev/davinciN and sets
+ASCEND_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -12,19 +14,25 @@ from . import AcceleratorProfile
 
 RESOURCE = "huawei.com/Ascend910"
 CHIP_LABEL = "node.kubernetes.io/npu.chip.name"
-HOST_MOUNTS = {
-    "ascend-driver": "/usr/local/Ascend/driver",
-    "ascend-dcmi": "/usr/local/dcmi",
-    "npu-smi": "/usr/local/bin/npu-smi",
-    "ascend-install-info": "/etc/ascend_install.info",
+# volume name -> host path, and where it is mounted: [(container path, read-only)].
+HOST_MOUNTS: dict[str, tuple[str, list[tuple[str, bool]]]] = {
+    "ascend-driver": ("/usr/local/Ascend/driver", [("/usr/local/Ascend/driver", True)]),
+    "ascend-dcmi": ("/usr/local/dcmi", [("/usr/local/dcmi", True)]),
+    "npu-smi": ("/usr/local/sbin/npu-smi", [("/usr/local/sbin/npu-smi", True)]),
+    "ascend-install-info": ("/etc/ascend_install.info", [("/etc/ascend_install.info", True)]),
+    # The driver and CANN write their logs here (seed: -v /var/log/npu/...:/var/log/npu/...
+    # and -v /var/log/npu/:/usr/slog).
+    "npu-log": ("/var/log/npu", [("/var/log/npu", False), ("/usr/slog", False)]),
 }
 
 
 def profile(accelerator: AcceleratorSpec) -> AcceleratorProfile:
     selector = {CHIP_LABEL: accelerator.product} if accelerator.product else {}
-    volumes = [{"name": name, "hostPath": {"path": path}} for name, path in HOST_MOUNTS.items()]
-    mounts = [{"name": name, "mountPath": path, "readOnly": True}
-              for name, path in HOST_MOUNTS.items()]
+    volumes = [{"name": name, "hostPath": {"path": path}}
+               for name, (path, _targets) in HOST_MOUNTS.items()]
+    mounts = [{"name": name, "mountPath": target, "readOnly": read_only}
+              for name, (_path, targets) in HOST_MOUNTS.items()
+              for target, read_only in targets]
     return AcceleratorProfile(
         resource=RESOURCE,
         limits={RESOURCE: str(accelerator.count)},

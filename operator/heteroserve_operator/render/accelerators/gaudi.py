@@ -3,6 +3,9 @@
 The seed's container runs with HABANA_VISIBLE_DEVICES=all, the vader single-copy workaround for
 Open MPI, and `--cap-add=sys_nice`; the host reserves vm.nr_hugepages=15000 (2 MiB pages) for 8
 cards, so each card's pod share is 15000 / 8 = 1875 pages.
+
+HABANA_VISIBLE_DEVICES is not set here: in Kubernetes the Habana device plugin sets it to the
+cards it allocated to the pod, and `all` would override that with every card of the node.
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ PRODUCT_LABEL = "habana.ai/gaudi.product"
 
 
 def profile(accelerator: AcceleratorSpec) -> AcceleratorProfile:
-    env = {"HABANA_VISIBLE_DEVICES": "all",
-           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    env = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
     if accelerator.module_ids:
         env["HABANA_VISIBLE_MODULES"] = ",".join(map(str, accelerator.module_ids))
     if accelerator.count > 1:

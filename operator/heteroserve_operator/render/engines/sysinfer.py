@@ -3,7 +3,9 @@
     OMP_NUM_THREADS=88 GOMP_CPU_AFFINITY=0-21,24-45,48-69,72-93 \
     ./server /app/Baichuan2-13B-Chat-Q4_0.gguf -t 0.0 -n 4096
 
-It listens on 7860 and has no health route (TCP check).
+It listens on 7860 and has no health route (TCP check). It reads only the binding variables:
+the sysHAX knobs (INFERENCE_OP_MODE, SYSHAX_QUANTIZE, NRC) are not passed, the model file carries
+its quantization.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from ...api.models import InferenceDeploymentSpec
 from ...numa import NumaPlan
 from .. import images
 from . import EngineContainer, user_env
-from .cpu_env import decode_environment
+from .cpu_env import binding_environment
 
 PORT = 7860
 
@@ -25,7 +27,7 @@ def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
         command=["./server"],
         args=[spec.model.path, "-t", "0.0", "-n", str(spec.model.max_model_len), *engine.args],
         port=port,
-        env={**decode_environment(spec.decode, plan), **user_env(engine.env)},
+        env={**binding_environment(plan), **user_env(engine.env)},
         health_path=None,
         metrics_path=None,
         working_dir="/app",

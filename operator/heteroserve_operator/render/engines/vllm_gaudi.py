@@ -1,12 +1,20 @@
-"""vLLM on Gaudi through the seed's start script (seed 003):
+"""vLLM on Gaudi through the seed's start scripts (seed 003):
 
-    bash start_gaudi_vllm_server.sh -w <weights> -n <cards> -m <module ids> -b <max_num_seqs>
-        -i <in_min,in_max> -o <out_min,out_max> -l <max_model_len> -t <max_batched_tokens>
-        -d <dtype> -p <port> -u <host> -c <recipe cache> [-r max_bs,max_seq] [-s]
+    bash scripts/start_gaudi_vllm_server.sh -w <weights> -n <cards> -m <module ids>
+        -b <max_num_seqs> -i <in_min,in_max> -o <out_min,out_max> -l <max_model_len>
+        -t <max_batched_tokens> -d <dtype> -p <port> -u <host> -c <recipe cache>
+        [-r max_bs,max_seq] [-s]
+
+and, for DeepSeek-R1 FP8 on all 8 cards (section 3.1, vllm-fork's deepseek_r1 branch):
+
+    cd quickstart && bash start_vllm.sh -w <weights> [-q] -u <host> -p <port> -b <max_num_seqs>
+        -l <max_model_len> -c <recipe cache> [-s]
 
 The recipe cache is valid only for the same model, engine configuration and software version, so
-its node-local directory is keyed by a hash of exactly those. First warmup takes about 10 minutes
-(70B) to an hour (DeepSeek-R1): the startup probe allows an hour.
+its node-local directory is keyed by a hash of exactly those: not of the flags that only say where
+and how to start (-p, -u, -c, -m) or how much to warm up (-s, -r). The seed restarts with `-s` or
+`-r` on the cache a full warmup filled, so those must find the same directory. First warmup takes
+about 10 minutes (70B) to an hour (DeepSeek-R1): the startup probe allows an hour.
 """
 
 from __future__ import annotations
@@ -20,13 +28,25 @@ from . import EngineContainer, user_env
 DEFAULT_PORT = 30001
 SCRIPT = "scripts/start_gaudi_vllm_server.sh"
 WORKDIR = "/workspace/vllm-fork"
+# The deepseek_r1 branch's quickstart script, run from its directory as in the seed.
+START_VLLM = "start_vllm.sh"
+START_VLLM_WORKDIR = f"{WORKDIR}/quickstart"
+START_VLLM_PORT = 8688
 RECIPE_CACHE_HOST_ROOT = "/var/lib/heteroserve/gaudi-recipe-cache"
 DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "half": "float16", "float16": "float16",
           "float32": "bfloat16"}
+# Flags that do not change the compiled recipes: (flag, takes a value).
+NOT_IN_CACHE_KEY = {"-p": True, "-u": True, "-c": True, "-m": True, "-r": True, "-s": False}
+
+
+def _start_vllm(spec: InferenceDeploymentSpec) -> bool:
+    return spec.prefill.engine.script == "start_vllm"
 
 
 def script_args(spec: InferenceDeploymentSpec, port: int) -> list[str]:
     engine, accelerator = spec.prefill.engine, spec.prefill.accelerator
+    if _start_vllm(spec):
+        return start_vllm_args(spec, port)
     args = ["-w", spec.model.path, "-n", str(accelerator.count)]
     if accelerator.module_ids:
         args += ["-m", ",".join(map(str, accelerator.module_ids))]
@@ -50,13 +70,43 @@ def script_args(spec: InferenceDeploymentSpec, port: int) -> list[str]:
     return args + list(engine.args)
 
 
+def start_vllm_args(spec: InferenceDeploymentSpec, port: int) -> list[str]:
+    """`start_vllm.sh <-w> [-u:p:l:b:c:sq]`, in the seed's order."""
+    engine = spec.prefill.engine
+    args = ["-w", spec.model.path]
+    if engine.quantization == "inc-fp8":
+        args.append("-q")
+    args += ["-u", "0.0.0.0", "-p", str(port)]
+    if engine.max_num_seqs is not None:
+        args += ["-b", str(engine.max_num_seqs)]
+    args += ["-l", str(spec.model.max_model_len)]
+    warmup = engine.warmup
+    if warmup and warmup.recipe_cache:
+        args += ["-c", warmup.recipe_cache_path]
+    if warmup and warmup.skip:
+        args.append("-s")
+    return args + list(engine.args)
+
+
 def recipe_cache_key(spec: InferenceDeploymentSpec, image: str, args: list[str]) -> str:
-    return digest({"model": spec.model.path, "args": args, "image": image})
+    """A hash of what the compiled recipes depend on: model, script, image and the shape flags
+    (-n -b -i -o -l -t -d -q and extra arguments), never -p -u -c -m -r -s."""
+    kept, index = [], 0
+    while index < len(args):
+        flag = args[index]
+        if flag in NOT_IN_CACHE_KEY:
+            index += 2 if NOT_IN_CACHE_KEY[flag] else 1
+            continue
+        kept.append(flag)
+        index += 1
+    script = START_VLLM if _start_vllm(spec) else SCRIPT
+    return digest({"model": spec.model.path, "script": script, "args": kept, "image": image})
 
 
 def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> EngineContainer:
     engine = spec.prefill.engine
-    port = engine.port or DEFAULT_PORT
+    start_vllm = _start_vllm(spec)
+    port = engine.port or (START_VLLM_PORT if start_vllm else DEFAULT_PORT)
     image = engine.image or images.VLLM_GAUDI
     args = script_args(spec, port)
     volumes, mounts = [], []
@@ -67,12 +117,12 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
         mounts.append({"name": "recipe-cache", "mountPath": engine.warmup.recipe_cache_path})
     return EngineContainer(
         image=image,
-        command=["bash", SCRIPT],
+        command=["bash", START_VLLM if start_vllm else SCRIPT],
         args=args,
         port=port,
         env={**accelerator.env, **user_env(engine.env)},
         startup_seconds=3600,
-        working_dir=WORKDIR,
+        working_dir=START_VLLM_WORKDIR if start_vllm else WORKDIR,
         volumes=volumes,
         mounts=mounts,
         shm_size=engine.shm_size or "64Gi",
