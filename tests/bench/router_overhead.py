@@ -46,8 +46,7 @@ import yaml
 
 from heteroserve_engines.protocol.binding import parse_cpu_list
 from heteroserve_engines.protocol.router_config import Offload, RouterConfig, TierConfig
-from tests.cluster.harness import free_port
-from tests.processes import stop_process
+from tests.processes import free_port, stop_process
 
 ENGINE_MODEL = "smollm2"
 PROMPT = "Count from one to one hundred, in words, one number per line."
