@@ -48,11 +48,10 @@ struct Pool {
     int size() const { return hs_pool_size(pool); }
 };
 
-using Sampled = std::pair<std::vector<int32_t>, std::vector<uint64_t>>;
-
-// The sampler's scratch: a vocabulary's probabilities and candidates per pool thread, left
-// uninitialized so that only the pages a sampler writes become resident (greedy rows write
-// none; a zero-filled vector cost 12 MiB of RSS at 16 threads and SmolLM2's vocabulary).
+// The sampler's scratch: a vocabulary's probabilities, candidates and added-to logits per pool
+// thread, left uninitialized so that only the pages a sampler writes become resident (greedy
+// rows without additions write none; a zero-filled vector cost 12 MiB of RSS at 16 threads and
+// SmolLM2's vocabulary).
 struct Scratch {
     std::unique_ptr<char[]> data;
     size_t size = 0;
@@ -65,15 +64,76 @@ struct Scratch {
     }
 };
 
-// One token per row of logits[rows][vocab] on the pool's threads; per-row parameters, `state`
-// each row's generator state, returned advanced. `scratch` grows to what the sampler needs.
-static Sampled sample_rows(Pool &pool, const float *logits, size_t rows, size_t vocab,
-                           const std::vector<float> &temperature, const std::vector<int> &top_k,
-                           const std::vector<float> &top_p, const std::vector<uint64_t> &state,
-                           Scratch &scratch) {
+// Per-row sampling parameters as Python passes them. `add_row`/`add_id`/`add_value`: the
+// logit additions of every row in one sparse list (row, token id, value); `logprobs`: empty
+// (none anywhere), else per row -1 (none) or how many top log-probabilities besides the chosen
+// token's.
+struct SamplingArgs {
+    const std::vector<float> &temperature;
+    const std::vector<int> &top_k;
+    const std::vector<float> &top_p;
+    const std::vector<uint64_t> &state;
+    const std::vector<int32_t> &add_row;
+    const std::vector<int32_t> &add_id;
+    const std::vector<float> &add_value;
+    const std::vector<int> &logprobs;
+
+    void check(size_t rows, size_t vocab) const {
+        if (temperature.size() != rows || top_k.size() != rows || top_p.size() != rows ||
+            state.size() != rows)
+            throw std::invalid_argument("temperature, top_k, top_p and state need one entry per "
+                                        "row");
+        for (float p : top_p)
+            if (!(p > 0.0f)) throw std::invalid_argument("top_p must be > 0");
+        if (add_id.size() != add_row.size() || add_value.size() != add_row.size())
+            throw std::invalid_argument("add_row, add_id and add_value need one entry per "
+                                        "addition");
+        for (size_t i = 0; i < add_row.size(); i++)
+            if (add_row[i] < 0 || (size_t)add_row[i] >= rows || add_id[i] < 0 ||
+                (size_t)add_id[i] >= vocab)
+                throw std::invalid_argument("a logit addition's row or token id is out of range");
+        if (!logprobs.empty() && logprobs.size() != rows)
+            throw std::invalid_argument("logprobs needs one entry per row (or none)");
+        for (int k : logprobs)
+            if (k > HS_MAX_LOGPROBS)
+                throw std::invalid_argument("at most 20 top log-probabilities per row");
+    }
+};
+
+// One token per row of logits[rows][vocab] on the pool's threads. Returns (ids, states) with
+// each row's generator state advanced, and, when log-probabilities were asked for, a third
+// item: per row None or [(token id, log-probability)], the chosen token first, then the top
+// ones. `scratch` grows to what the sampler needs.
+static nb::tuple sample_rows(Pool &pool, const float *logits, size_t rows, size_t vocab,
+                             const SamplingArgs &a, Scratch &scratch) {
+    a.check(rows, vocab);
     void *work = scratch.at_least(hs_sample_scratch_bytes(pool.size(), (int)vocab));
+    // The additions grouped by row (a counting sort keeps each row's in the given order).
+    std::vector<size_t> start(rows + 1, 0);
+    for (int32_t r : a.add_row) start[(size_t)r + 1]++;
+    for (size_t r = 0; r < rows; r++) start[r + 1] += start[r];
+    std::vector<int32_t> ids_by_row(a.add_row.size());
+    std::vector<float> values_by_row(a.add_row.size());
+    {
+        std::vector<size_t> next(start.begin(), start.end() - 1);
+        for (size_t i = 0; i < a.add_row.size(); i++) {
+            const size_t at = next[(size_t)a.add_row[i]]++;
+            ids_by_row[at] = a.add_id[i];
+            values_by_row[at] = a.add_value[i];
+        }
+    }
+    std::vector<float> lp(rows * (1 + HS_MAX_LOGPROBS));
+    std::vector<int32_t> lp_id(rows * (1 + HS_MAX_LOGPROBS));
     std::vector<hs_sampling> params(rows);
-    for (size_t r = 0; r < rows; r++) params[r] = {temperature[r], top_k[r], top_p[r], state[r]};
+    for (size_t r = 0; r < rows; r++) {
+        const int n_add = (int)(start[r + 1] - start[r]);
+        params[r] = {a.temperature[r], a.top_k[r], a.top_p[r], a.state[r],
+                     n_add ? ids_by_row.data() + start[r] : nullptr,
+                     n_add ? values_by_row.data() + start[r] : nullptr, n_add,
+                     a.logprobs.empty() ? -1 : a.logprobs[r],
+                     lp.data() + r * (1 + HS_MAX_LOGPROBS),
+                     lp_id.data() + r * (1 + HS_MAX_LOGPROBS)};
+    }
     std::vector<int32_t> ids(rows);
     int rc;
     {
@@ -84,17 +144,21 @@ static Sampled sample_rows(Pool &pool, const float *logits, size_t rows, size_t 
     if (rc != 0) throw std::runtime_error("sampling failed: a row of logits has no number");
     std::vector<uint64_t> next(rows);
     for (size_t r = 0; r < rows; r++) next[r] = params[r].state;
-    return {ids, next};
-}
-
-static void check_sampling(size_t rows, const std::vector<float> &temperature,
-                           const std::vector<int> &top_k, const std::vector<float> &top_p,
-                           const std::vector<uint64_t> &state) {
-    if (temperature.size() != rows || top_k.size() != rows || top_p.size() != rows ||
-        state.size() != rows)
-        throw std::invalid_argument("temperature, top_k, top_p and state need one entry per row");
-    for (float p : top_p)
-        if (!(p > 0.0f)) throw std::invalid_argument("top_p must be > 0");
+    if (a.logprobs.empty()) return nb::make_tuple(ids, next);
+    nb::list per_row;
+    for (size_t r = 0; r < rows; r++) {
+        if (params[r].n_logprobs < 0) {
+            per_row.append(nb::none());
+            continue;
+        }
+        nb::list entries;
+        const float *v = params[r].logprob;
+        const int32_t *t = params[r].logprob_id;
+        for (int j = 0; j <= params[r].n_logprobs; j++)
+            if (t[j] >= 0) entries.append(nb::make_tuple(t[j], v[j]));
+        per_row.append(entries);
+    }
+    return nb::make_tuple(ids, next, per_row);
 }
 
 // NRC: 1, 2 or 4 weight rows per one-token product, 0 to choose by row width.
@@ -166,16 +230,19 @@ struct Model {
     // One step, then one token sampled for each logit_index entry, all in C: the logits stay
     // in a buffer reused from step to step and never reach Python. Per-row parameters; `state`
     // holds each row's generator state and comes back advanced.
-    Sampled sample(i32array tokens, i32array pos, i32array seq, i32array block_tables,
-                   i32array logit_index, const std::vector<float> &temperature,
-                   const std::vector<int> &top_k, const std::vector<float> &top_p,
-                   const std::vector<uint64_t> &state) {
+    nb::tuple sample(i32array tokens, i32array pos, i32array seq, i32array block_tables,
+                     i32array logit_index, const std::vector<float> &temperature,
+                     const std::vector<int> &top_k, const std::vector<float> &top_p,
+                     const std::vector<uint64_t> &state, const std::vector<int32_t> &add_row,
+                     const std::vector<int32_t> &add_id, const std::vector<float> &add_value,
+                     const std::vector<int> &logprobs) {
         const size_t rows = logit_index.size(), vocab = (size_t)hs_model_config(m)->n_vocab;
-        check_sampling(rows, temperature, top_k, top_p, state);
+        const SamplingArgs args{temperature, top_k, top_p, state, add_row, add_id, add_value,
+                                logprobs};
+        args.check(rows, vocab);
         if (logits.size() < rows * vocab) logits.resize(rows * vocab);
         run(tokens, pos, seq, block_tables, logit_index, logits.data());
-        return sample_rows(*pool, logits.data(), rows, vocab, temperature, top_k, top_p, state,
-                           scratch);
+        return sample_rows(*pool, logits.data(), rows, vocab, args, scratch);
     }
     // The KV hand-off, one layer at a time: rows of the given cache slots as fp16 bytes
     // ([n][n_head_kv * head_dim], K after RoPE).
@@ -254,15 +321,20 @@ NB_MODULE(_kernels, mod) {
        "best-of-`repeats` read bandwidth in GB/s over a `bytes` buffer on the pool's threads");
     mod.def("sample", [](Pool &pool, f32array logits, const std::vector<float> &temperature,
                          const std::vector<int> &top_k, const std::vector<float> &top_p,
-                         const std::vector<uint64_t> &state) {
+                         const std::vector<uint64_t> &state, const std::vector<int32_t> &add_row,
+                         const std::vector<int32_t> &add_id, const std::vector<float> &add_value,
+                         const std::vector<int> &logprobs) {
         if (logits.ndim() != 2) throw std::invalid_argument("logits is [rows, n_vocab]");
-        check_sampling(logits.shape(0), temperature, top_k, top_p, state);
         Scratch scratch;
-        return sample_rows(pool, logits.data(), logits.shape(0), logits.shape(1), temperature,
-                           top_k, top_p, state, scratch);
+        return sample_rows(pool, logits.data(), logits.shape(0), logits.shape(1),
+                           {temperature, top_k, top_p, state, add_row, add_id, add_value,
+                            logprobs}, scratch);
     }, nb::arg("pool"), nb::arg("logits"), nb::arg("temperature"), nb::arg("top_k"),
-       nb::arg("top_p"), nb::arg("state"),
-       "one token per row of logits (greedy when temperature <= 1e-6), as Model.sample draws them");
+       nb::arg("top_p"), nb::arg("state"), nb::arg("add_row") = std::vector<int32_t>(),
+       nb::arg("add_id") = std::vector<int32_t>(), nb::arg("add_value") = std::vector<float>(),
+       nb::arg("logprobs") = std::vector<int>(),
+       "one token per row of logits (greedy when temperature <= 1e-6), as Model.sample draws "
+       "them: (ids, states), and per-row [(id, logprob)] (chosen first) when `logprobs` is given");
     mod.def("dequantize", &dequantize, nb::arg("type"), nb::arg("data"), nb::arg("n"));
     mod.def("matmul", &matmul, nb::arg("pool"), nb::arg("type"), nb::arg("rows"), nb::arg("cols"),
             nb::arg("w"), nb::arg("x"), nb::arg("kernels") = "", nb::arg("nrc") = 0);
@@ -286,7 +358,9 @@ NB_MODULE(_kernels, mod) {
         .def("forward", &Model::forward)
         .def("sample", &Model::sample, nb::arg("tokens"), nb::arg("pos"), nb::arg("seq"),
              nb::arg("block_tables"), nb::arg("logit_index"), nb::arg("temperature"),
-             nb::arg("top_k"), nb::arg("top_p"), nb::arg("state"))
+             nb::arg("top_k"), nb::arg("top_p"), nb::arg("state"),
+             nb::arg("add_row") = std::vector<int32_t>(), nb::arg("add_id") = std::vector<int32_t>(),
+             nb::arg("add_value") = std::vector<float>(), nb::arg("logprobs") = std::vector<int>())
         .def_prop_ro("weight_bytes", &Model::weight_bytes)
         .def_prop_ro("token_bytes", &Model::token_bytes)
         .def_prop_ro("kv_bytes", &Model::kv_bytes);

@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 double hs_uniform(uint64_t *state) {
     uint64_t z = (*state += 0x9e3779b97f4a7c15ULL); /* splitmix64 */
@@ -100,16 +101,50 @@ int hs_sample(const float *logits, int n, hs_sampling *s, float *prob, hs_candid
     return last; /* u within rounding of the total */
 }
 
+void hs_logprobs(const float *logits, int n, int chosen, const hs_sampling *s) {
+    if (s->n_logprobs < 0) return;
+    const int k = s->n_logprobs < HS_MAX_LOGPROBS ? s->n_logprobs : HS_MAX_LOGPROBS;
+    const int top = argmax(logits, n);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(logits[i])) sum += exp((double)logits[i] - logits[top]);
+    const double lse = logits[top] + log(sum);
+    s->logprob_id[0] = chosen;
+    s->logprob[0] = (float)(logits[chosen] - lse);
+    /* The k largest by insertion into a sorted list: k <= 20, and most logits fail the first
+     * comparison with the k-th. Strict comparisons keep the lower id first among equals. */
+    int32_t *ids = s->logprob_id + 1;
+    float *vals = s->logprob + 1;
+    int kept = 0;
+    for (int i = 0; i < n && k > 0; i++) {
+        const float l = logits[i];
+        if (isnan(l) || (kept == k && !(l > vals[k - 1]))) continue;
+        int j = kept < k ? kept++ : k - 1;
+        while (j > 0 && l > vals[j - 1]) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = l;
+        ids[j] = i;
+    }
+    for (int j = 0; j < kept; j++) vals[j] = (float)(vals[j] - lse);
+    for (int j = kept; j < k; j++) {
+        vals[j] = -INFINITY;
+        ids[j] = -1;
+    }
+}
+
 typedef struct {
     const float *logits;
     int rows, n;
     hs_sampling *params;
     int32_t *out;
-    char *scratch; /* per thread: n probabilities, then n candidates */
+    char *scratch; /* per thread: n probabilities, n candidates, n added-to logits */
 } sample_ctx;
 
 size_t hs_sample_scratch_bytes(int threads, int n) {
-    return (size_t)threads * (size_t)n * (sizeof(float) + sizeof(hs_candidate));
+    return (size_t)threads * (size_t)n * (2 * sizeof(float) + sizeof(hs_candidate));
 }
 
 static void sample_task(void *p, int ith, int nth) {
@@ -119,8 +154,18 @@ static void sample_task(void *p, int ith, int nth) {
     char *mine = t->scratch + hs_sample_scratch_bytes(ith, t->n);
     float *prob = (float *)mine;
     hs_candidate *cand = (hs_candidate *)(mine + sizeof(float) * (size_t)t->n);
-    for (int r = r0; r < r1; r++)
-        t->out[r] = hs_sample(t->logits + (size_t)r * t->n, t->n, &t->params[r], prob, cand);
+    float *added = (float *)(cand + t->n);
+    for (int r = r0; r < r1; r++) {
+        hs_sampling *s = &t->params[r];
+        const float *row = t->logits + (size_t)r * t->n;
+        if (s->n_add > 0) {
+            memcpy(added, row, sizeof(float) * (size_t)t->n);
+            for (int i = 0; i < s->n_add; i++) added[s->add_id[i]] += s->add[i];
+            row = added;
+        }
+        t->out[r] = hs_sample(row, t->n, s, prob, cand);
+        if (t->out[r] >= 0) hs_logprobs(row, t->n, t->out[r], s);
+    }
 }
 
 int hs_sample_rows(hs_pool *pool, const float *logits, int rows, int n, hs_sampling *params,

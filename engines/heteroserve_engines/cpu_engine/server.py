@@ -1,20 +1,31 @@
 """The OpenAI-compatible HTTP server of the CPU engine (Starlette on uvicorn).
 
 Routes: /v1/completions, /v1/chat/completions (streaming and not), /v1/models, /health,
-/metrics. Errors use OpenAI's shape: 400 naming the bad parameter, 404 `model_not_found`,
-400 `context_length_exceeded` for prompts longer than the context, 429 when the queue is full.
-A client that disconnects frees its sequence at once.
+/metrics. Errors use OpenAI's shape: 400 naming the bad parameter (or a parameter the engine
+does not do: `refuse_unsupported`), 404 `model_not_found`, 400 `context_length_exceeded` for
+prompts longer than the context, 413 for a body over `--max-body-bytes` (answered before the
+rest is read), 429 when the queue is full, 503 while draining, and a 500 of the same shape with
+`Connection: close` for anything unexpected. A client that disconnects frees its sequence at
+once. Tokenizing runs on worker threads, so a long prompt never holds up the event loop.
+
+On SIGTERM the server drains (`Drain`): it stops admitting, lets running requests finish for
+`--drain-seconds`, then ends what is left with a final chunk (finish_reason `abort`) and
+`[DONE]`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import uvicorn
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -41,24 +52,79 @@ from ..protocol.openai import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatLogprobs,
     ChatRequest,
+    ChatTokenLogprob,
     ChunkDelta,
     CommonRequest,
     Completion,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionRequest,
     ModelCard,
     ModelList,
+    TopLogprob,
     Usage,
+    refuse_unsupported,
     sse,
+    sse_error,
 )
 from .handoff import KvHandoff
-from .runner import Delta, EngineCore, ImportedKv, PromptTooLong, QueueFull, SamplingParams
+from .runner import (
+    Delta,
+    EngineCore,
+    ImportedKv,
+    PromptTooLong,
+    QueueFull,
+    SamplingParams,
+    TokenLogprob,
+)
 from .tokenizer import GGUFTokenizer
 
-# How often a request checks that its client is still there.
+log = logging.getLogger("heteroserve.cpu_engine")
+
+# How often a request checks that its client is still there (and the drain's deadline).
 DISCONNECT_POLL_SECONDS = 0.25
+# The default --max-body-bytes: far above any prompt that fits an 8192-token context (about
+# 32 KB of text), far below what ties up a core for seconds.
+MAX_BODY_BYTES = 4 << 20
+# The default --drain-seconds: inside Kubernetes' default terminationGracePeriodSeconds (30).
+DRAIN_SECONDS = 25.0
+# What an over-limit body's rest is read (and dropped) for after the 413, so that a client that
+# sends it all before reading still gets the answer (nginx's lingering close, in short).
+DISCARD_BYTES, DISCARD_SECONDS = 64 << 20, 5.0
+# A JSON `\uD800`-`\uDFFF` escape: only such a body can hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# OpenAI's (and vLLM's) stand-in for a log-probability of minus infinity (JSON has none).
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass
+class Drain:
+    """The shutdown drain: `begin` (from the SIGTERM handler) stops admitting requests; running
+    ones may finish until `seconds` later, when what is left is ended."""
+
+    seconds: float = DRAIN_SECONDS
+    deadline: float | None = None  # time.monotonic() when running requests are ended
+
+    def begin(self) -> None:
+        if self.deadline is None:
+            self.deadline = time.monotonic() + self.seconds
+            log.info("draining: no new requests; running ones end within %.0f s", self.seconds)
+
+    @property
+    def draining(self) -> bool:
+        return self.deadline is not None
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+@dataclass
+class ServerLimits:
+    max_body_bytes: int = MAX_BODY_BYTES
+    drain: Drain = field(default_factory=Drain)
 
 
 @dataclass
@@ -132,42 +198,229 @@ def _parse(model_type, payload: dict):
         first = error.errors()[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
 
 
-def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
+def _lone_surrogate(payload: object) -> str | None:
+    """The dotted path of the first string (key or value) holding a lone UTF-16 surrogate,
+    which JSON can escape but UTF-8 cannot carry; None when there is none. Iterative: the
+    payload may be as deep as the JSON parser allows."""
+    stack: list[tuple[str, object]] = [("", payload)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return path or "body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((f"{path}.{key}" if path else str(key), key))
+                stack.append((f"{path}.{key}" if path else str(key), item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}" if path else str(i), item)
+                         for i, item in enumerate(value))
+    return None
+
+
+def parse_body(raw: bytes) -> dict:
+    """The request body as a JSON object, or an OpenAI-shaped 400."""
+    try:
+        payload = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ApiError(400, "the request body is not valid JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    if _SURROGATE_ESCAPE.search(raw):
+        where = _lone_surrogate(payload)
+        if where is not None:
+            param = where.encode("utf-8", errors="backslashreplace").decode()[:200]
+            raise ApiError(400, f"{param}: a lone UTF-16 surrogate (such as \\ud800) is not "
+                           "valid Unicode", param=param)
+    return payload
+
+
+def _error_response(error: ApiError, close: bool = False) -> JSONResponse:
+    headers = dict(error.headers)
+    if close:
+        headers["Connection"] = "close"
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+class Guard:
+    """The outermost layer (plain ASGI): a body over `max_bytes` is answered 413 as soon as
+    its Content-Length (or, chunked, its running size) shows it, without buffering it; and any
+    exception the app lets through becomes an OpenAI-shaped 500 with `Connection: close`
+    rather than uvicorn's plain-text one on a connection it then drops unannounced."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    def too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than this engine's limit of "
+                        f"{self.max_bytes} bytes (--max-body-bytes)", code="request_too_large")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await _error_response(self.too_large(), close=True)(scope, receive, send)
+            await self.discard(receive)
+            return
+        received, over = 0, False
+
+        async def limited_receive():
+            nonlocal received, over
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    over = True
+                    raise self.too_large()
+            return message
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except Exception as error:  # the last line of defence
+            if started:
+                raise  # mid-response: uvicorn drops the connection, the only honest end
+            if isinstance(error, ApiError):  # raised outside a route (the chunked 413)
+                await _error_response(error, close=True)(scope, receive, send)
+            else:
+                log.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
+                await _error_response(ApiError(500, f"internal error: {type(error).__name__}",
+                                               code="internal_error"), close=True)(
+                    scope, receive, send)
+        if over:
+            await self.discard(receive)
+
+    @staticmethod
+    async def discard(receive) -> None:
+        """Reads and drops the rest of a refused body (bounded in bytes and time)."""
+        dropped = 0
+
+        async def drain():
+            nonlocal dropped
+            while dropped < DISCARD_BYTES:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return
+                dropped += len(message.get("body", b""))
+                if not message.get("more_body"):
+                    return
+
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(drain(), DISCARD_SECONDS)
+
+
+@dataclass
+class Prepared:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+def _logprob(value: float) -> float:
+    return max(value, LOGPROB_FLOOR)
+
+
+class LogprobFormat:
+    """Engine log-probabilities in OpenAI's two shapes."""
+
+    def __init__(self, tokenizer: GGUFTokenizer):
+        self.tok = tokenizer
+
+    def chat(self, entries: list[TokenLogprob]) -> ChatLogprobs:
+        def top(token_id: int, logprob: float) -> TopLogprob:
+            return TopLogprob(token=self.tok.token_text(token_id), logprob=_logprob(logprob),
+                              bytes=list(self.tok.token_bytes(token_id)))
+
+        return ChatLogprobs(content=[ChatTokenLogprob(
+            **top(e.token_id, e.logprob).model_dump(),
+            top_logprobs=[top(i, lp) for i, lp in e.top]) for e in entries])
+
+    def completion(self, entries: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+        """`offset`: where the first token's text starts in the choice's text."""
+        tokens = [self.tok.token_text(e.token_id) for e in entries]
+        offsets = []
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        return CompletionLogprobs(
+            tokens=tokens, token_logprobs=[_logprob(e.logprob) for e in entries],
+            top_logprobs=[{self.tok.token_text(i): _logprob(lp) for i, lp in e.top}
+                          for e in entries],
+            text_offset=offsets)
+
+
+def create_app(served: ServedModel, registry: CollectorRegistry,
+               limits: ServerLimits | None = None):
+    """The ASGI application: the routes behind the `Guard`."""
+    limits = limits or ServerLimits()
+    drain = limits.drain
     metrics = Metrics(registry, served)
     served.engine.observe = metrics.observe
-
-    async def body(request: Request) -> dict:
-        try:
-            payload = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
-        if not isinstance(payload, dict):
-            raise ApiError(400, "the request body must be a JSON object")
-        return payload
+    formats = LogprobFormat(served.tokenizer)
 
     def check_model(req: CommonRequest) -> None:
         if req.model != served.name:
             raise ApiError(404, f"The model `{req.model}` does not exist.", param="model",
                            code="model_not_found")
 
+    def too_long(prompt_param: str, prompt_len: int) -> ApiError:
+        return ApiError(400, f"This model's maximum context length is {served.max_model_len} "
+                        f"tokens. However, your prompt has {prompt_len} tokens.",
+                        param=prompt_param, code="context_length_exceeded")
+
     def params(req: CommonRequest, prompt_len: int) -> SamplingParams:
         limit = req.max_completion_tokens or req.max_tokens
         room = served.max_model_len - prompt_len
         if room < 1:
-            raise ApiError(400, f"This model's maximum context length is {served.max_model_len} "
-                           f"tokens. However, your prompt has {prompt_len} tokens.",
-                           param="messages" if isinstance(req, ChatRequest) else "prompt",
-                           code="context_length_exceeded")
+            raise too_long("messages" if isinstance(req, ChatRequest) else "prompt", prompt_len)
         if limit is not None and prompt_len + limit > served.max_model_len:
             raise ApiError(400, f"This model's maximum context length is {served.max_model_len} "
                            f"tokens. However, you requested {prompt_len + limit} tokens "
                            f"({prompt_len} in the prompt, {limit} for the completion).",
                            param="max_tokens", code="context_length_exceeded")
         return SamplingParams(max_tokens=limit or room, temperature=req.temperature,
-                              top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stops(),
-                              ignore_eos=req.ignore_eos)
+                              top_k=max(req.top_k, 0), top_p=req.top_p, seed=req.seed,
+                              stop=req.stops(), ignore_eos=req.ignore_eos,
+                              frequency_penalty=req.frequency_penalty,
+                              presence_penalty=req.presence_penalty,
+                              logit_bias=req.token_bias(served.engine.n_vocab),
+                              logprobs=req.top_logprob_count)
+
+    def prepare(req: CommonRequest, chat: bool) -> Prepared:
+        """Tokenizes and checks the prompt (on a worker thread: CPU-heavy for long prompts)."""
+        tok = served.tokenizer
+        param = "messages" if chat else "prompt"
+        if chat:
+            text = tok.render_chat([{"role": m.role, "content": m.text()}
+                                    for m in req.messages])
+            add_bos = False
+        elif isinstance(req.prompt, list):
+            if any(t < 0 or t >= served.engine.n_vocab for t in req.prompt):
+                raise ApiError(400, "prompt: token ids out of the vocabulary", param="prompt")
+            return Prepared(list(req.prompt), params(req, len(req.prompt)))
+        else:
+            text, add_bos = req.prompt, None
+        # A text of n bytes has at least n / max_token_bytes tokens: one far over the context
+        # is refused without encoding it.
+        at_least = len(text.encode("utf-8")) // tok.max_token_bytes
+        if at_least >= served.max_model_len:
+            raise too_long(param, at_least)
+        prompt_ids = tok.encode(text, add_bos=add_bos)
+        return Prepared(prompt_ids, params(req, len(prompt_ids)))
 
     async def generate(request: Request, prompt_ids: list[int], sampling: SamplingParams,
                        imported: ImportedKv | None = None, keep_kv: bool = False,
@@ -200,6 +453,14 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                     checked = loop.time()
                     if await request.is_disconnected():
                         raise asyncio.CancelledError
+                    if drain.expired() and not (delta and delta.finish_reason):
+                        served.engine.abort(seq)
+                        metrics.requests.labels(served.name, "abort").inc()
+                        if delta is not None:
+                            yield delta
+                        yield Delta("", [], "abort", len(seq.output_ids),
+                                    logprobs=[] if sampling.logprobs is not None else None)
+                        return
                 if delta is None:
                     continue
                 yield delta
@@ -211,20 +472,14 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
                 served.engine.abort(seq)
 
     async def respond(request: Request, chat: bool) -> Response:
-        req = _parse(ChatRequest if chat else CompletionRequest, await body(request))
+        if drain.draining:
+            raise ApiError(503, "the engine is shutting down; retry on another replica",
+                           code="shutting_down", headers={"Retry-After": "1"})
+        req = _parse(ChatRequest if chat else CompletionRequest, parse_body(await request.body()))
         check_model(req)
-        tok = served.tokenizer
-        if chat:
-            prompt_text = tok.render_chat([{"role": m.role, "content": m.text()}
-                                           for m in req.messages])
-            prompt_ids = tok.encode(prompt_text, add_bos=False)
-        elif isinstance(req.prompt, list):
-            if any(t < 0 or t >= served.engine.n_vocab for t in req.prompt):
-                raise ApiError(400, "prompt: token ids out of the vocabulary", param="prompt")
-            prompt_ids = list(req.prompt)
-        else:
-            prompt_ids = tok.encode(req.prompt)
-        sampling = params(req, len(prompt_ids))
+        refuse_unsupported(req)
+        prepared = await asyncio.to_thread(prepare, req, chat)
+        prompt_ids, sampling = prepared.prompt_ids, prepared.sampling
         transfer, imported, keep_kv, started = req.kv_transfer_params, None, False, []
         if transfer and (transfer.do_remote_decode or transfer.do_remote_prefill):
             if served.handoff is None:
@@ -245,49 +500,72 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
             async for delta in deltas:
                 yield delta
 
+        want_logprobs = sampling.logprobs is not None
+        echo = req.prompt if not chat and req.echo and isinstance(req.prompt, str) else ""
+
         if not req.stream:
-            text, count, reason = "", 0, None
+            text, count, reason, entries = "", 0, None, []
             async for delta in all_deltas():
                 text += delta.text
                 reason = delta.finish_reason or reason
                 count = delta.completion_tokens if delta.completion_tokens is not None else count
+                entries.extend(delta.logprobs or ())
             usage = Usage.of(len(prompt_ids), count)
             if chat:
                 answer = ChatCompletion(id=rid, created=created, model=served.name, usage=usage,
-                                        choices=[ChatChoice(message=AssistantMessage(
-                                            content=text), finish_reason=reason)])
+                                        choices=[ChatChoice(
+                                            message=AssistantMessage(content=text),
+                                            finish_reason=reason,
+                                            logprobs=formats.chat(entries) if want_logprobs
+                                            else None)])
             else:
-                echo = req.prompt if req.echo and isinstance(req.prompt, str) else ""
                 answer = Completion(id=rid, created=created, model=served.name, usage=usage,
-                                    choices=[CompletionChoice(text=echo + text,
-                                                              finish_reason=reason)])
+                                    choices=[CompletionChoice(
+                                        text=echo + text, finish_reason=reason,
+                                        logprobs=formats.completion(entries, len(echo))
+                                        if want_logprobs else None)])
             document = answer.model_dump()
             if keep_kv and started and started[0].id in served.engine.kept:
                 document["kv_transfer_params"] = served.handoff.export(started[0]).model_dump()
             return JSONResponse(document)
 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        offset = 0  # of the next token's text in the completion (log-probabilities' offsets)
 
-        def chunk(text: str | None, reason: str | None, role: bool = False):
+        def chunk(delta: Delta | None, role: bool = False):
+            nonlocal offset
+            text = delta.text if delta else None
+            reason = delta.finish_reason if delta else None
+            entries = delta.logprobs if delta and want_logprobs else None
             if chat:
-                delta = ChunkDelta(role="assistant" if role else None, content=text)
+                message = ChunkDelta(role="assistant" if role else None, content=text or None)
                 return ChatCompletionChunk(id=rid, created=created, model=served.name,
-                                           choices=[ChatChunkChoice(delta=delta,
-                                                                    finish_reason=reason)])
+                                           choices=[ChatChunkChoice(
+                                               delta=message, finish_reason=reason,
+                                               logprobs=formats.chat(entries)
+                                               if entries is not None else None)])
+            logprobs = formats.completion(entries, offset) if entries is not None else None
+            offset += len(text or "")
             return CompletionChunk(id=rid, created=created, model=served.name,
                                    choices=[CompletionChoice(text=text or "",
-                                                             finish_reason=reason)])
+                                                             finish_reason=reason,
+                                                             logprobs=logprobs)])
 
         async def events():
             count = 0
-            if chat:
-                yield sse(chunk("", None, role=True))
-            async for delta in all_deltas():
-                if delta.completion_tokens is not None:
-                    count = delta.completion_tokens
-                yield sse(chunk(delta.text or None, delta.finish_reason))
+            try:
+                if chat:
+                    yield sse(chunk(Delta("", []), role=True))
+                async for delta in all_deltas():
+                    if delta.completion_tokens is not None:
+                        count = delta.completion_tokens
+                    yield sse(chunk(delta))
+            except Exception as error:  # broken after its first byte
+                log.exception("stream %s failed", rid)
+                yield sse_error(ApiError(500, f"internal error: {type(error).__name__}",
+                                         code="internal_error"))
             if include_usage:
-                last = chunk(None, None)
+                last = chunk(None)
                 yield sse(last.model_copy(update={"choices": [],
                                                   "usage": Usage.of(len(prompt_ids), count)}))
             yield SSE_DONE
@@ -312,7 +590,8 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def api_error(_request: Request, error: ApiError) -> Response:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        # A 413's body was not read: the connection cannot carry another request.
+        return _error_response(error, close=error.status == 413)
 
     async def http_error(_request: Request, error: HTTPException) -> Response:
         return await api_error(_request, ApiError(
@@ -326,6 +605,27 @@ def create_app(served: ServedModel, registry: CollectorRegistry) -> Starlette:
               Route("/metrics", metrics_route)]
     if served.handoff is not None:
         routes.append(Route("/v1/kv/{handle}", served.handoff.exports.route, methods=["GET"]))
-    return Starlette(routes=routes,
-                     exception_handlers={ApiError: api_error, HTTPException: http_error})
+    app = Starlette(routes=routes,
+                    exception_handlers={ApiError: api_error, HTTPException: http_error})
+    return Guard(app, limits.max_body_bytes)
 
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, whose exit signal first starts the drain: uvicorn itself then stops accepting
+    connections and waits for running requests, which the drain ends at its deadline."""
+
+    def __init__(self, config: uvicorn.Config, drain: Drain):
+        super().__init__(config)
+        self.drain = drain
+
+    def handle_exit(self, sig, frame) -> None:
+        self.drain.begin()
+        super().handle_exit(sig, frame)
+
+
+def serve(app, host: str, port: int, drain: Drain) -> None:
+    """Runs the server until SIGTERM/SIGINT and the drain are done."""
+    # uvicorn's own grace outlasts the drain, so that ended streams can send their last chunk.
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
+                            timeout_graceful_shutdown=drain.seconds + 5)
+    DrainingServer(config, drain).run()

@@ -3,7 +3,8 @@ Jinja2 for the template, following llama.cpp's reading of the same fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -18,6 +19,22 @@ USER_DEFINED = 4
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 
 
+@cache
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: the character a vocabulary entry uses -> the byte
+    it stands for (printable bytes stand for themselves, the others for 256 + n)."""
+    printable = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+                 + list(range(ord("®"), ord("ÿ") + 1)))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
 @dataclass
 class GGUFTokenizer:
     tokenizer: Tokenizer
@@ -25,6 +42,11 @@ class GGUFTokenizer:
     eos_id: int | None
     add_bos: bool
     chat_template: str | None
+    special_ids: frozenset[int] = frozenset()
+    _bytes: dict[int, bytes] = field(default_factory=dict, repr=False)
+    # The most UTF-8 bytes one token stands for: a text of n bytes has at least n / this
+    # many tokens (a bound that refuses a prompt far over the context without encoding it).
+    max_token_bytes: int = 1
 
     @classmethod
     def from_gguf(cls, reader: GGUFFile) -> GGUFTokenizer:
@@ -50,16 +72,22 @@ class GGUFTokenizer:
                                       for t in special])
         bos = reader.get("tokenizer.ggml.bos_token_id")
         eos = reader.get("tokenizer.ggml.eos_token_id")
-        return cls(
+        made = cls(
             tokenizer=tokenizer,
             bos_id=None if bos is None else int(bos),
             eos_id=None if eos is None else int(eos),
             add_bos=bool(reader.get("tokenizer.ggml.add_bos_token", True)),
             chat_template=reader.get("tokenizer.chat_template"),
+            special_ids=frozenset(i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)),
         )
+        made.max_token_bytes = max(len(made.token_bytes(i)) for i in range(len(tokens)))
+        made._bytes.clear()
+        return made
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode does not): a long prompt
+        # tokenized on a worker thread then leaves the event loop running.
+        ids = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         wanted = self.add_bos if add_bos is None else add_bos
         if wanted and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
@@ -78,3 +106,20 @@ class GGUFTokenizer:
 
     def token(self, index: int | None) -> str:
         return "" if index is None else (self.tokenizer.id_to_token(index) or "")
+
+    def token_bytes(self, index: int) -> bytes:
+        """The bytes a token stands for (its UTF-8 text for control tokens)."""
+        known = self._bytes.get(index)
+        if known is None:
+            entry, chars = self.token(index), _byte_of_char()
+            if index in self.special_ids:
+                known = entry.encode()
+            else:
+                known = b"".join(bytes([chars[c]]) if c in chars else c.encode() for c in entry)
+            self._bytes[index] = known
+        return known
+
+    def token_text(self, index: int) -> str:
+        """A token's text for log-probabilities: its bytes as UTF-8, a partial character as
+        U+FFFD (`token_bytes` keeps the exact bytes)."""
+        return self.token_bytes(index).decode("utf-8", errors="replace")

@@ -1,8 +1,12 @@
 """OpenAI wire models: request bodies (the fields heteroserve's engines honour), responses,
 stream chunks, the error shape, and the server-sent-events encoder.
 
-Requests ignore unknown fields (clients send many); everything the engines answer is built from
-the response models here, so the router and the engines speak one dialect.
+Requests ignore unknown fields (clients send many), and declare the fields that change what a
+client gets back, so that an engine can refuse what it does not do (`refuse_unsupported`)
+instead of ignoring it: the router validates with the same models and forwards to engines that
+may do more (vLLM), so the models accept those fields and each engine decides. Everything the
+engines answer is built from the response models here, so the router and the engines speak one
+dialect.
 """
 
 from __future__ import annotations
@@ -72,16 +76,30 @@ class CommonRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0, le=2**31 - 1)
+    top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # 0 or -1 (vLLM's): off
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     ignore_eos: bool = False
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    # Token id (a decimal string) -> -100..100, added to its logit (checked by token_bias).
+    logit_bias: dict[str, float] | None = None
     # The KV hand-off (vLLM's disaggregated-serving field): do_remote_decode asks a prefill
     # engine to keep the prompt's KV; do_remote_prefill tells a decode engine where to pull it.
     kv_transfer_params: KvTransferParams | None = None
+    # vLLM's sampling extras: no heteroserve engine does them (refuse_unsupported).
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    prompt_logprobs: Any = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -92,10 +110,39 @@ class CommonRequest(BaseModel):
     def completion_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def top_logprob_count(self) -> int | None:
+        """None: no log-probabilities; k: the sampled token's and the k most probable ones."""
+        return None
+
+    def token_bias(self, n_vocab: int) -> dict[int, float]:
+        """`logit_bias` with integer ids, or a 400 naming it (OpenAI's rules: ids of the
+        vocabulary, values from -100 to 100)."""
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()) or int(key) >= n_vocab:
+                raise ApiError(400, f"logit_bias: {key[:40]!r} is not a token id of this "
+                               f"model (0 to {n_vocab - 1})", param="logit_bias")
+            if not -100 <= value <= 100:
+                raise ApiError(400, f"logit_bias: the bias of token {key} is {value}; it must "
+                               "be from -100 to 100", param="logit_bias")
+            bias[int(key)] = value
+        return bias
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's top_logprobs maximum (vLLM's default max_logprobs)
+
 
 class CompletionRequest(CommonRequest):
     prompt: str | list[int]
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: int | None = None
+    suffix: str | None = None
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -113,6 +160,72 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def refuse_unsupported(req: CommonRequest) -> None:
+    """A 400 naming the first parameter whose value asks for what no heteroserve engine does
+    (tool calls, constrained decoding, several candidates, insertion, non-text input, vLLM's
+    sampling extras), instead of silently answering as if it had not been sent. Harmless
+    values pass: tools with `tool_choice: "none"`, `response_format: {"type": "text"}`,
+    `best_of: 1`, an empty `suffix`, `repetition_penalty: 1`."""
+    def refuse(param: str, message: str) -> None:
+        raise ApiError(400, f"{param}: {message}", param=param)
+
+    if isinstance(req, ChatRequest):
+        if req.top_logprobs is not None and not req.logprobs:
+            refuse("top_logprobs", "needs `logprobs: true`")
+        choice = req.tool_choice
+        if req.tools and choice != "none":
+            if choice in (None, "auto"):
+                refuse("tools", "this engine does not call tools (no tool-call parser): send "
+                       "`tool_choice: \"none\"` to answer in text, or no tools")
+            refuse("tool_choice", f"{str(choice)[:80]} needs tool calls, which this engine does "
+                   "not make")
+        if req.functions and req.function_call != "none":
+            refuse("functions", "this engine does not call functions")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            refuse("response_format", f"{str(req.response_format.get('type'))[:40]} needs "
+                   "constrained decoding, which this engine does not do; only "
+                   "{\"type\": \"text\"} is accepted")
+        for i, message in enumerate(req.messages):
+            if isinstance(message.content, list):
+                for j, part in enumerate(message.content):
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        refuse(f"messages.{i}.content.{j}", "only text parts (`{\"type\": "
+                               "\"text\", \"text\": ...}`) are accepted: this model reads no "
+                               f"{str(part.get('type'))[:40]}")
+    else:
+        assert isinstance(req, CompletionRequest)
+        if req.best_of is not None and req.best_of > 1:
+            refuse("best_of", "one candidate per request only (best_of 1)")
+        if req.suffix:
+            refuse("suffix", "insertion after a suffix is not supported")
+        if req.echo and req.logprobs is not None:
+            refuse("echo", "echo with logprobs needs the prompt's log-probabilities, which this "
+                   "engine does not compute")
+    if req.repetition_penalty != 1.0:
+        refuse("repetition_penalty", "not supported; use frequency_penalty or presence_penalty")
+    if req.min_p != 0.0:
+        refuse("min_p", "not supported; use top_p or top_k")
+    if req.min_tokens:
+        refuse("min_tokens", "not supported")
+    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                 "structured_outputs"):
+        if getattr(req, name) is not None:
+            refuse(name, "constrained decoding is not supported")
+    if req.prompt_logprobs is not None:
+        refuse("prompt_logprobs", "the prompt's log-probabilities are not computed")
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -134,11 +247,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None  # the token's UTF-8 bytes (a token may hold part of a char)
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -150,11 +277,20 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(BaseModel):
@@ -175,6 +311,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChunkDelta
     finish_reason: str | None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):
