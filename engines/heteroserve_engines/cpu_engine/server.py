@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -66,6 +64,7 @@ from ..protocol.openai import (
     ModelList,
     TopLogprob,
     Usage,
+    parse_body,
     refuse_unsupported,
     sse,
     sse_error,
@@ -94,8 +93,6 @@ DRAIN_SECONDS = 25.0
 # What an over-limit body's rest is read (and dropped) for after the 413, so that a client that
 # sends it all before reading still gets the answer (nginx's lingering close, in short).
 DISCARD_BYTES, DISCARD_SECONDS = 64 << 20, 5.0
-# A JSON `\uD800`-`\uDFFF` escape: only such a body can hold a lone surrogate.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # OpenAI's (and vLLM's) stand-in for a log-probability of minus infinity (JSON has none).
 LOGPROB_FLOOR = -9999.0
 
@@ -200,47 +197,6 @@ def _parse(model_type, payload: dict):
         raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply") from None
-
-
-def _lone_surrogate(payload: object) -> str | None:
-    """The dotted path of the first string (key or value) holding a lone UTF-16 surrogate,
-    which JSON can escape but UTF-8 cannot carry; None when there is none. Iterative: the
-    payload may be as deep as the JSON parser allows."""
-    stack: list[tuple[str, object]] = [("", payload)]
-    while stack:
-        path, value = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return path or "body"
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                stack.append((f"{path}.{key}" if path else str(key), key))
-                stack.append((f"{path}.{key}" if path else str(key), item))
-        elif isinstance(value, list):
-            stack.extend((f"{path}.{i}" if path else str(i), item)
-                         for i, item in enumerate(value))
-    return None
-
-
-def parse_body(raw: bytes) -> dict:
-    """The request body as a JSON object, or an OpenAI-shaped 400."""
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    if _SURROGATE_ESCAPE.search(raw):
-        where = _lone_surrogate(payload)
-        if where is not None:
-            param = where.encode("utf-8", errors="backslashreplace").decode()[:200]
-            raise ApiError(400, f"{param}: a lone UTF-16 surrogate (such as \\ud800) is not "
-                           "valid Unicode", param=param)
-    return payload
 
 
 def _error_response(error: ApiError, close: bool = False) -> JSONResponse:

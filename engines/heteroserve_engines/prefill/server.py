@@ -4,7 +4,6 @@ calls the serving object and encodes its answer; every error is OpenAI-shaped.""
 
 from __future__ import annotations
 
-import json
 from contextlib import asynccontextmanager
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -15,17 +14,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..kv_handoff.export import KvExports
-from ..protocol.openai import SSE_MEDIA_TYPE, ApiError
+from ..protocol.openai import SSE_MEDIA_TYPE, ApiError, parse_body
 from .serving import OpenAIServing
 
 
 def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRegistry
                ) -> Starlette:
     async def answer(request: Request, chat: bool) -> Response:
-        try:
-            payload = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "the request body is not valid JSON") from None
+        payload = parse_body(await request.body())
         result = await serving.create(payload, chat, request.is_disconnected)
         if isinstance(result, dict):
             return JSONResponse(result)

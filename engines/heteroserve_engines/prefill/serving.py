@@ -2,7 +2,9 @@
 response body (a dict) or a stream of SSE events (bytes) out; errors raised as `ApiError`.
 
 The API behaviour is the CPU engine's (docs/cpu-engine.md#api-behaviour): the same fields, 400
-naming the parameter, 404 `model_not_found`, 400 `context_length_exceeded`, 429 `queue_full`
+naming the parameter (and naming what it does not do: `refuse_unsupported`, and besides
+log-probabilities, the frequency/presence penalties and logit_bias, which the CPU engine does),
+404 `model_not_found`, 400 `context_length_exceeded`, 429 `queue_full`
 with Retry-After, and a client that disconnects frees its sequence at once. Besides, a request
 with `"kv_transfer_params": {"do_remote_decode": true}` is a prefill for a remote decode (vLLM's
 disaggregated shape): the prompt is computed, one token sampled and answered (never streamed),
@@ -41,6 +43,7 @@ from ..protocol.openai import (
     ModelCard,
     ModelList,
     Usage,
+    refuse_unsupported,
     sse,
     sse_error,
 )
@@ -91,6 +94,8 @@ class OpenAIServing:
         if req.model != self.served.name:
             raise ApiError(404, f"The model `{req.model}` does not exist.", param="model",
                            code="model_not_found")
+        refuse_unsupported(req)
+        self._refuse_sampling_extras(req)
         remote_decode = self._remote_decode(req)
         prompt_ids = self._prompt(req, chat)
         sampling = self._sampling(req, len(prompt_ids), chat, remote_decode)
@@ -128,6 +133,17 @@ class OpenAIServing:
                                                     finish_reason=reason)]).model_dump()
 
     # -- request -> engine input ---------------------------------------------------------------
+    @staticmethod
+    def _refuse_sampling_extras(req: CommonRequest) -> None:
+        """What the CPU engine samples with and this engine does not (yet): refused by name."""
+        for param, asked in (("logprobs", req.top_logprob_count is not None),
+                             ("frequency_penalty", req.frequency_penalty != 0),
+                             ("presence_penalty", req.presence_penalty != 0),
+                             ("logit_bias", bool(req.logit_bias))):
+            if asked:
+                raise ApiError(400, f"{param}: not supported by the builtin prefill engine",
+                               param=param)
+
     def _remote_decode(self, req: CommonRequest) -> bool:
         """Whether the request is a prefill for a remote decode (the CPU engine's checks)."""
         params = req.kv_transfer_params
@@ -174,8 +190,8 @@ class OpenAIServing:
                            f"in the prompt, {limit} for the completion).", param="max_tokens",
                            code="context_length_exceeded")
         return SamplingParams(max_tokens=limit or room, temperature=req.temperature,
-                              top_k=req.top_k, top_p=req.top_p, seed=req.seed, stop=req.stops(),
-                              ignore_eos=req.ignore_eos)
+                              top_k=max(req.top_k, 0), top_p=req.top_p, seed=req.seed,
+                              stop=req.stops(), ignore_eos=req.ignore_eos)
 
     # -- engine output -------------------------------------------------------------------------
     def _add(self, prompt_ids: list[int], sampling: SamplingParams, keep_kv: bool,
