@@ -110,3 +110,24 @@ def test_transfer_params_keep_vllm_fields_and_extras():
     dumped = params.model_dump()
     assert dumped["tp_size"] == 1 and dumped["remote_block_ids"] == [1, 2]
     assert not params.do_remote_prefill and params.remote_handle is None
+
+
+def test_a_whole_buffer_is_read_in_place_and_checked_like_a_stream():
+    """read_whole (the shared-memory path): views into the buffer, the same refusals."""
+    h = header()
+    data = layers(h)
+    raw = bytearray(stream(h, data))
+    got_header, got = KvStreamReader(FINGERPRINT).read_whole(raw)
+    assert got_header == h and [(bytes(k), bytes(v)) for k, v in got] == data
+    assert isinstance(got[0][0], memoryview) and got[0][0].obj is raw  # not copied
+    rng = random.Random(11)
+    for index in rng.sample(range(len(raw)), 40):
+        corrupted = bytearray(raw)
+        corrupted[index] ^= 0x5A
+        with pytest.raises(KvProtocolError):
+            KvStreamReader(FINGERPRINT).read_whole(corrupted)
+    for cut in (20, -13, -1):
+        with pytest.raises(KvProtocolError):
+            KvStreamReader(FINGERPRINT).read_whole(raw[:cut])
+    with pytest.raises(KvProtocolError, match="after the end"):
+        KvStreamReader(FINGERPRINT).read_whole(raw + b"x")

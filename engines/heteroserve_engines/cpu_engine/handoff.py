@@ -5,8 +5,10 @@ can also keep a request's KV for a pull (`do_remote_decode`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
+from prometheus_client import CollectorRegistry, Counter
 
 from ..kv_handoff.export import KvExports
 from ..kv_handoff.pull import KvPullError, pull_kv
@@ -29,9 +31,15 @@ class ModelShape:
 
 class KvHandoff:
     def __init__(self, engine: EngineCore, shape: ModelShape, exports: KvExports,
-                 client: httpx.AsyncClient | None = None, port: int = 0):
+                 client: httpx.AsyncClient | None = None, port: int = 0,
+                 registry: CollectorRegistry | None = None):
         self.engine, self.shape, self.exports, self.port = engine, shape, exports, port
         self.client = client or httpx.AsyncClient()
+        # Pulls through the exporter's shared directory when this engine mounts it too.
+        self.shm_dir: Path | None = exports.shm_dir
+        self.pulls = Counter("heteroserve:kv_pulls", "KV pulls by transport (tcp, shm) and "
+                             "outcome (ok, or the error code)", ["transport", "outcome"],
+                             registry=registry)
 
     def check_export(self, stream: bool) -> None:
         if not self.exports.enabled:
@@ -48,10 +56,13 @@ class KvHandoff:
         s = self.shape
         try:
             pulled = await pull_kv(self.client, params, self.exports.token, s.fingerprint,
-                                   prompt_ids, s.rope, s.n_layer, s.n_head_kv, s.head_dim)
+                                   prompt_ids, s.rope, s.n_layer, s.n_head_kv, s.head_dim,
+                                   shm_dir=self.shm_dir)
         except KvPullError as error:
+            self.pulls.labels(error.transport, error.code).inc()
             raise ApiError(PULL_STATUS.get(error.code, 502), f"KV hand-off failed: "
                            f"{error.message}", code=error.code) from None
+        self.pulls.labels(pulled.transport, "ok").inc()
         return ImportedKv(pulled.header.tokens, pulled.layers)
 
     def export(self, seq: Sequence) -> KvTransferParams:

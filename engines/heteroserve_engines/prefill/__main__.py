@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="file holding the deployment's KV token: enables KV export")
     parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
                         help="seconds an unpulled KV export is kept")
+    parser.add_argument("--kv-shm-dir", default=None,
+                        help="a memory-backed directory shared with the decode engine (same "
+                        "node): it pulls KV through a file there instead of over TCP")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     return parser
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..cpu_engine.__main__ import default_model
     from ..cpu_engine.gguf_model import ModelFileError
     from ..cpu_engine.tokenizer import GGUFTokenizer
-    from ..kv_handoff.export import KvExports, load_kv_token
+    from ..kv_handoff.export import KvExports, load_kv_token, shm_directory
     from .devices import DTYPES, DeviceError, default_dtype, open_device
     from .engine import PrefillEngine
     from .kv_export import KvDescription
@@ -132,7 +135,12 @@ def main(argv: list[str] | None = None) -> int:
              str(dtype).removeprefix("torch."), device, args.activation_quantization,
              pool.budget_tokens, pool.bytes / 2**20, time.monotonic() - started)
     name = args.served_model_name or os.path.basename(path).split(".")[0]
-    exports = KvExports(token, timeout=args.kv_handle_timeout)
+    try:
+        exports = KvExports(token, timeout=args.kv_handle_timeout,
+                            shm_dir=shm_directory(args.kv_shm_dir))
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     engine = PrefillEngine(model, pool, tokenizer, max_model_len=max_len,
                            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
                            max_batched_tokens=args.max_num_batched_tokens)

@@ -91,8 +91,15 @@ def encode_preamble(header: KvHeader) -> bytes:
 
 
 def encode_frame(layer: int, k_rows: bytes, v_rows: bytes) -> bytes:
-    crc = zlib.crc32(v_rows, zlib.crc32(k_rows))
-    return _FRAME.pack(layer, len(k_rows) + len(v_rows)) + k_rows + v_rows + _U32.pack(crc)
+    head, crc = encode_frame_head(layer, k_rows, v_rows)
+    return head + k_rows + v_rows + _U32.pack(crc)
+
+
+def encode_frame_head(layer: int, k_rows: bytes, v_rows: bytes) -> tuple[bytes, int]:
+    """A frame's first 8 bytes and its CRC (its last 4), for writers that send the rows
+    themselves without joining them."""
+    return (_FRAME.pack(layer, len(k_rows) + len(v_rows)),
+            zlib.crc32(v_rows, zlib.crc32(k_rows)))
 
 
 def encode_trailer(header: KvHeader, frame_crcs: list[int]) -> bytes:
@@ -121,11 +128,13 @@ class KvStreamReader:
     """An incremental parser: `feed(bytes)` returns the events the bytes completed —
     ("header", KvHeader), ("layer", index, k_rows, v_rows), ("end",) — and raises
     KvProtocolError on anything that is not a valid version-1 stream. `finish()` says whether
-    the stream ended complete."""
+    the stream ended complete. `read_whole(buffer)` parses a stream that is already in memory
+    (a shared-memory file) without copying it: its K and V rows are views into the buffer."""
 
     def __init__(self, expect_fingerprint: str | None = None):
         self.expect_fingerprint = expect_fingerprint
-        self.buffer = bytearray()
+        self.buffer: bytearray | memoryview = bytearray()
+        self.pos = 0  # where the unparsed bytes of `buffer` start
         self.header: KvHeader | None = None
         self.frame_crcs: list[int] = []
         self.ended = False
@@ -133,13 +142,21 @@ class KvStreamReader:
     def feed(self, data: bytes) -> list[tuple]:
         if self.ended and data:
             raise KvProtocolError("bytes after the end of the KV stream")
+        if self.pos:
+            del self.buffer[:self.pos]
+            self.pos = 0
         self.buffer += data
-        events: list[tuple] = []
-        while True:
-            event = self._next()
-            if event is None:
-                return events
-            events.append(event)
+        return self._events()
+
+    def read_whole(self, buffer) -> tuple[KvHeader, list[tuple[memoryview, memoryview]]]:
+        """The header and every layer's (K rows, V rows) of a complete stream in `buffer`
+        (anything with the buffer protocol); every checksum is verified first."""
+        self.buffer, self.pos = memoryview(buffer).cast("B"), 0
+        layers = [(event[2], event[3]) for event in self._events() if event[0] == "layer"]
+        self.finish()
+        if self.pos != len(self.buffer):
+            raise KvProtocolError("bytes after the end of the KV stream")
+        return self.header, layers
 
     def finish(self) -> None:
         if not self.ended:
@@ -147,18 +164,30 @@ class KvStreamReader:
             raise KvProtocolError(f"the KV stream ended early (after {got} of "
                                   f"{self.header.n_layer if self.header else '?'} layers)")
 
-    def _take(self, size: int) -> bytes | None:
-        if len(self.buffer) < size:
-            return None
-        piece = bytes(self.buffer[:size])
-        del self.buffer[:size]
-        return piece
+    def _events(self) -> list[tuple]:
+        events: list[tuple] = []
+        while True:
+            event = self._next()
+            if event is None:
+                return events
+            events.append(event)
+
+    def _available(self) -> int:
+        return len(self.buffer) - self.pos
+
+    def _take(self, size: int) -> bytes | memoryview:
+        """The next `size` bytes: a copy from the incremental buffer (which is compacted
+        later), a view of a whole buffer."""
+        start = self.pos
+        self.pos += size
+        piece = self.buffer[start:self.pos]
+        return piece if isinstance(piece, memoryview) else bytes(piece)
 
     def _next(self) -> tuple | None:
         if self.header is None:
-            if len(self.buffer) < _PREAMBLE.size:
+            if self._available() < _PREAMBLE.size:
                 return None
-            magic, version, length = _PREAMBLE.unpack_from(self.buffer)
+            magic, version, length = _PREAMBLE.unpack_from(self.buffer, self.pos)
             if magic != MAGIC:
                 raise KvProtocolError("not a KV stream (bad magic)")
             if version != VERSION:
@@ -166,10 +195,10 @@ class KvStreamReader:
                                       f"version {VERSION}")
             if length > MAX_HEADER_BYTES:
                 raise KvProtocolError(f"KV header of {length} bytes is too large")
-            if len(self.buffer) < _PREAMBLE.size + length:
+            if self._available() < _PREAMBLE.size + length:
                 return None
-            del self.buffer[:_PREAMBLE.size]
-            raw = self._take(length)
+            self.pos += _PREAMBLE.size
+            raw = bytes(self._take(length))
             try:
                 header = KvHeader.model_validate_json(raw)
             except ValidationError as error:
@@ -182,14 +211,14 @@ class KvStreamReader:
             self.header = header
             return ("header", header)
         if self.ended:
-            if self.buffer:
+            if self._available():
                 raise KvProtocolError("bytes after the end of the KV stream")
             return None
-        if len(self.buffer) < _FRAME.size:
+        if self._available() < _FRAME.size:
             return None
-        layer, length = _FRAME.unpack_from(self.buffer)
+        layer, length = _FRAME.unpack_from(self.buffer, self.pos)
         if layer == END_OF_FRAMES:
-            if len(self.buffer) < _TRAILER.size:
+            if self._available() < _TRAILER.size:
                 return None
             _, count, crc = _TRAILER.unpack(self._take(_TRAILER.size))
             if count != self.header.n_layer or count != len(self.frame_crcs):
@@ -205,13 +234,12 @@ class KvStreamReader:
         if length != self.header.frame_payload_bytes:
             raise KvProtocolError(f"KV frame of {length} bytes; the header implies "
                                   f"{self.header.frame_payload_bytes}")
-        if len(self.buffer) < _FRAME.size + length + _U32.size:
+        if self._available() < _FRAME.size + length + _U32.size:
             return None
-        del self.buffer[:_FRAME.size]
-        payload = self._take(length)
-        (crc,) = _U32.unpack(self._take(_U32.size))
+        self.pos += _FRAME.size
         half = length // 2
-        k_rows, v_rows = payload[:half], payload[half:]
+        k_rows, v_rows = self._take(half), self._take(half)
+        (crc,) = _U32.unpack(self._take(_U32.size))
         if crc != zlib.crc32(v_rows, zlib.crc32(k_rows)):
             raise KvProtocolError(f"KV frame of layer {layer} fails its checksum")
         self.frame_crcs.append(crc)
