@@ -8,7 +8,7 @@
 # .devcarry/p1, part01 in .devcarry/p2, part02 in .devcarry/p3.
 # Writes $OUT/split.txt and $OUT/kv-handoff.txt; `device_pd.sh router` (after stage, on the same
 # warm machine, carrying p2 and p3) runs the router's overhead benchmark on the host cores
-# instead and writes $OUT/router.txt.
+# instead and writes $OUT/router.txt; `device_pd.sh kv` runs only the hand-off benchmark.
 set -euo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -23,6 +23,12 @@ cat /tmp/part00 .devcarry/p2/part01 .devcarry/p3/part02 > /tmp/smollm2.gguf
 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./engines/cpu
 nvidia-smi -L | tee "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/machine.txt"
+if [ "${1:-}" = kv ]; then
+  # The hand-off alone (TCP and shared memory, against recomputing), CUDA exporter.
+  python3 -m tests.bench.kv_handoff --exporter prefill --device cuda --model /tmp/smollm2.gguf \
+    --decoder-threads 8 --rounds ${ROUNDS:-3} | tee "$out/kv-handoff.txt"
+  exit 0
+fi
 if [ "${1:-}" = router ]; then
   # Router on CPU 0, load generator on CPU 1, the engine on 8 more (as in a pod: the sidecar
   # has a core of its own).

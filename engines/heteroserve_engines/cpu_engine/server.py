@@ -79,7 +79,7 @@ from .runner import (
     SamplingParams,
     TokenLogprob,
 )
-from .tokenizer import GGUFTokenizer
+from .tokenizer import ChatTemplateError, GGUFTokenizer
 
 log = logging.getLogger("heteroserve.cpu_engine")
 
@@ -361,8 +361,11 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
         tok = served.tokenizer
         param = "messages" if chat else "prompt"
         if chat:
-            text = tok.render_chat([{"role": m.role, "content": m.text()}
-                                    for m in req.messages])
+            try:
+                text = tok.render_chat([{"role": m.role, "content": m.text()}
+                                        for m in req.messages])
+            except ChatTemplateError as error:
+                raise ApiError(400, str(error), param="messages") from None
             add_bos = False
         elif isinstance(req.prompt, list):
             if any(t < 0 or t >= served.engine.n_vocab for t in req.prompt):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cache
 
+from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -33,6 +34,10 @@ def _byte_of_char() -> dict[str, int]:
             chars[chr(256 + extra)] = byte
             extra += 1
     return chars
+
+
+class ChatTemplateError(ValueError):
+    """The model's chat template refused the messages (its raise_exception, or an error)."""
 
 
 @dataclass
@@ -100,9 +105,15 @@ class GGUFTokenizer:
         if not self.chat_template:
             raise ModelFileError("the model has no chat template (tokenizer.chat_template)")
         environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        template = environment.from_string(self.chat_template)
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=self.token(self.bos_id), eos_token=self.token(self.eos_id))
+        try:
+            template = environment.from_string(self.chat_template)
+            return template.render(messages=messages,
+                                   add_generation_prompt=add_generation_prompt,
+                                   bos_token=self.token(self.bos_id),
+                                   eos_token=self.token(self.eos_id))
+        except TemplateError as error:
+            raise ChatTemplateError(f"the model's chat template refused the messages: "
+                                    f"{error}") from None
 
     def token(self, index: int | None) -> str:
         return "" if index is None else (self.tokenizer.id_to_token(index) or "")
