@@ -161,8 +161,10 @@ def test_large_prompts_stall_neither_a_stream_nor_health(engine):
 
     runner = threading.Thread(target=stream)
     runner.start()
-    while not gaps:
+    deadline = time.monotonic() + 60
+    while not gaps and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert gaps, "the stream never started"
     big = "lorem ipsum dolor sit amet " * 120_000  # 3.2 MB: under the default limit
     health: list[float] = []
     results: list[httpx.Response] = []
