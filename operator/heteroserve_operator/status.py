@@ -7,6 +7,7 @@ from typing import Any
 
 from .api.models import InferenceDeploymentSpec
 from .numa import NumaPlanError, plan_cpus
+from .render import same_node
 from .render.facts import ClusterFacts
 from .render.placement import DecodePlacement
 
@@ -77,9 +78,14 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
         prefill_ok, prefill_ready, prefill_msg = (
             _tier(observed.prefill, spec.prefill.replicas) if spec.prefill
             else (True, 0, "no prefill tier requested"))
-        decode_ok, decode_ready, decode_msg = (
-            _tier(observed.decode, spec.decode.replicas) if spec.decode
-            else (True, 0, "no decode tier requested"))
+        if spec.decode is None:
+            decode_ok, decode_ready, decode_msg = True, 0, "no decode tier requested"
+        elif same_node.shares_pod(spec):
+            # A prefill pod is Ready only when its decode engine is: the same count.
+            decode_ok, decode_ready, decode_msg = _tier(observed.prefill, spec.decode.replicas)
+            decode_msg += " (each decode engine in a prefill pod: placement sameNode)"
+        else:
+            decode_ok, decode_ready, decode_msg = _tier(observed.decode, spec.decode.replicas)
         router_ok = observed.router_ready_endpoints > 0
         conditions += [
             _condition("PrefillReady", prefill_ok,

@@ -437,3 +437,182 @@ def test_ascend_mounts_npu_smi_from_sbin_and_the_npu_logs():
     for path in ("/var/log/npu", "/usr/slog"):
         assert mounts[path]["name"] == "npu-log" and mounts[path]["readOnly"] is False
     assert mounts["/usr/local/Ascend/driver"]["readOnly"] is True
+
+
+# -- the same-node pod: both builtin engines in one pod, sharing memory ---------------------------
+
+def same_node_spec(**decode) -> InferenceDeploymentSpec:
+    return spec(model={"name": "m", "path": "/models/m.gguf", "maxModelLen": 2048},
+                prefill={"accelerator": GPU, "engine": {"kind": "builtin"}, "memory": "8Gi"},
+                decode={"cpus": 8, "numaNodes": 2, "reservedCpusPerNumaNode": 4,
+                        "memory": "4Gi", "placement": "sameNode",
+                        "engine": {"kind": "builtin"}, **decode})
+
+
+def containers_of(pod: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def test_same_node_builtin_pair_runs_both_engines_in_the_prefill_pod():
+    rendered = render(same_node_spec(), OWNER, FACTS)
+    kinds = by_kind(rendered)
+    # No decode Deployment, headless Service or budget: the prefill pods carry the decode engine.
+    assert [d["metadata"]["name"] for d in kinds["Deployment"]] == ["m-prefill"]
+    assert [s["metadata"]["name"] for s in kinds["Service"]] == ["m"]
+    assert "PodDisruptionBudget" not in kinds
+    pod = pod_specs(rendered)["m-prefill"]
+    containers = containers_of(pod)
+    assert list(containers) == ["engine", "decode-engine", "router"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # 1 GiB KV cache + 16 prompts in flight x (8 x 2048 + 4096) bytes of framing, in whole MiB.
+    assert volumes["kv-shm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1025Mi"}
+    assert volumes["decode-dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    for name in ("engine", "decode-engine"):
+        engine = containers[name]
+        assert {"name": "kv-shm", "mountPath": "/var/run/heteroserve/kv"} in engine[
+            "volumeMounts"]
+        at = engine["args"].index("--kv-shm-dir")
+        assert engine["args"][at + 1] == "/var/run/heteroserve/kv"
+        assert "--kv-token-file" in engine["args"]
+        assert any(m["name"] == "kv-token" for m in engine["volumeMounts"])
+    assert containers["engine"]["command"] == ["heteroserve-prefill-engine"]
+    decode = containers["decode-engine"]
+    assert decode["command"] == ["heteroserve-cpu-engine"]
+    assert {m["mountPath"]: m["name"] for m in decode["volumeMounts"]}["/dev/shm"] == \
+        "decode-dshm"
+    # The router holds neither the token nor the channel.
+    assert {m["name"] for m in containers["router"]["volumeMounts"]} == {"router-config"}
+    # One IPC namespace: no hostIPC, no host path, restricted security contexts.
+    assert "hostIPC" not in pod and all("hostPath" not in v for v in pod["volumes"])
+    for container in containers.values():
+        assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    # Port names are unique in a pod: the decode engine's probes use its own.
+    assert decode["ports"] == [{"name": "decode", "containerPort": 8002, "protocol": "TCP"}]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert decode[probe]["httpGet"]["port"] == "decode"
+    # The router reaches the decode engine beside it: the hand-off stays in the pod.
+    document = router_document(rendered)
+    assert document["cpu"]["urls"] == ["http://127.0.0.1:8002"]
+    assert document["cpu"]["discovery"] == "static" and document["cpu"]["sameNode"] is True
+    assert document["cpu"]["kvImport"] is True and document["accelerator"]["kvExport"] is True
+
+
+def test_the_same_node_pod_is_guaranteed_with_the_decode_engine_pinned():
+    rendered = render(same_node_spec(), OWNER, FACTS)
+    (deployment,) = by_kind(rendered)["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    containers = containers_of(pod)
+    # Guaranteed QoS (static CPU manager: exclusive cores) needs integer CPUs and memory with
+    # requests equal to limits in every container.
+    for container in containers.values():
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert {k: limits[k] for k in requests} == requests
+        assert set(requests) == {"cpu", "memory"} and requests["cpu"].isdigit()
+    decode = containers["decode-engine"]
+    assert decode["resources"]["requests"] == {"cpu": "8", "memory": "4Gi"}
+    env = {e["name"]: e["value"] for e in decode["env"]}
+    assert env["OMP_NUM_THREADS"] == "8"
+    assert env["CUSTOM_CPU_AFFINITY"] == env["GOMP_CPU_AFFINITY"] == "0-3,40-43"
+    assert deployment["spec"]["template"]["metadata"]["annotations"][
+        "heteroserve.io/numa-plan"] == "0-3,40-43"
+    # The 4 reserved cores of each of the 2 NUMA nodes: 7 for the prefill engine, 1 router.
+    prefill = containers["engine"]["resources"]
+    assert prefill["requests"]["cpu"] == "7" and containers["router"]["resources"][
+        "requests"]["cpu"] == "1"
+    # The channel's pages are charged to the prefill engine, which writes them: 8Gi + 1025Mi.
+    assert prefill["requests"]["memory"] == prefill["limits"]["memory"] == "9217Mi"
+    assert prefill["limits"]["nvidia.com/gpu"] == "1"
+    # On the GPU node the plan holds on.
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"][0]["values"] == ["kunpeng-a100-0"]
+    assert rendered.placement.nodes == ("kunpeng-a100-0",)
+
+
+def test_same_node_decode_scales_with_the_prefill_pods():
+    rendered = render(spec(prefill={"accelerator": GPU, "engine": {"kind": "builtin"},
+                                    "replicas": 2},
+                           decode={"cpus": 8, "placement": "sameNode", "replicas": 2,
+                                   "engine": {"kind": "builtin"}}), OWNER, FACTS)
+    (deployment,) = by_kind(rendered)["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    assert [b["metadata"]["name"] for b in by_kind(rendered)["PodDisruptionBudget"]] == [
+        "m-prefill"]
+    with pytest.raises(NumaPlanError, match=r"decode.replicas is 3 but prefill.replicas is 1: "
+                                            r".*must equal prefill.replicas"):
+        render(same_node_spec(replicas=3), OWNER, FACTS)
+
+
+def test_the_same_node_pod_needs_a_node_with_cores_for_all_three():
+    # kunpeng-a100-0 has 160 CPUs: 150 for decode leaves too few for 4 x 4 reserved.
+    with pytest.raises(NumaPlanError, match=r"decode pod of 152 CPUs \(a pod of 168 with the "
+                                            r"prefill engine and router\)"):
+        render(same_node_spec(cpus=152, numaNodes=4), OWNER, FACTS)
+
+
+def test_the_channel_holds_the_decode_engines_kv_cache_plus_framing():
+    from heteroserve_operator.render import same_node
+
+    big = same_node_spec(engine={"kind": "builtin", "args": ["--kv-cache-gib", "2.5"]})
+    big = big.model_copy(update={"router": big.router.model_copy(update={
+        "offload": big.router.offload.model_copy(update={"cpu_max_batch_size": 4})})})
+    expected = 2.5 * 2**30 + 4 * (8 * 2048 + 4096)
+    assert same_node.channel_bytes(big) == -(-expected // 2**20) * 2**20
+    pod = pod_specs(render(big, OWNER, FACTS))["m-prefill"]
+    assert {v["name"]: v for v in pod["volumes"]}["kv-shm"]["emptyDir"]["sizeLimit"] == "2561Mi"
+    equals = same_node_spec(engine={"kind": "builtin", "args": ["--kv-cache-gib=3"]})
+    assert same_node.channel_bytes(equals) == 3 * 2**30 + 2**20
+    with pytest.raises(NumaPlanError, match="--kv-cache-gib lots is not a number"):
+        render(same_node_spec(engine={"kind": "builtin", "args": ["--kv-cache-gib", "lots"]}),
+               OWNER, FACTS)
+
+
+def test_the_channel_default_is_the_cpu_engines_kv_cache_default():
+    from heteroserve_engines.cpu_engine.__main__ import build_parser
+    from heteroserve_operator.render import same_node
+
+    assert build_parser().get_default("kv_cache_gib") == same_node.CPU_ENGINE_KV_CACHE_GIB
+
+
+@pytest.mark.parametrize("kinds", [("vllm", "vllm-cpu"), ("builtin", "vllm-cpu"),
+                                   ("vllm", "builtin")], ids="+".join)
+def test_other_same_node_pairs_keep_a_decode_deployment_with_pod_affinity(kinds):
+    rendered = render(spec(prefill={"accelerator": GPU, "engine": {"kind": kinds[0]}},
+                           decode={"cpus": 8, "placement": "sameNode",
+                                   "engine": {"kind": kinds[1]}}), OWNER, FACTS)
+    pods = pod_specs(rendered)
+    assert set(pods) == {"m-prefill", "m-decode"}
+    assert "podAffinity" in pods["m-decode"]["affinity"]
+    for pod in pods.values():
+        assert "kv-shm" not in {v["name"] for v in pod["volumes"]}
+        assert all("--kv-shm-dir" not in c.get("args", []) for c in pod["containers"])
+    assert router_document(rendered)["cpu"]["discovery"] == "dns"
+
+
+def test_the_builtin_pair_on_any_node_hands_kv_over_tcp():
+    rendered = render(same_node_spec(placement="anyNode", reservedCpusPerNumaNode=0),
+                      OWNER, FACTS)
+    pods = pod_specs(rendered)
+    assert set(pods) == {"m-prefill", "m-decode"}
+    for pod in pods.values():
+        assert "--kv-shm-dir" not in engine_of(pod)["args"]
+        assert "--kv-token-file" in engine_of(pod)["args"]
+
+
+def test_same_node_status_counts_decode_engines_in_the_prefill_pods():
+    from heteroserve_operator.status import Observed
+
+    s = same_node_spec()
+    prefill = {"metadata": {"generation": 1}, "status": {
+        "observedGeneration": 1, "readyReplicas": 1, "updatedReplicas": 1}}
+    status = compute_status(s, 1, {}, "t0", endpoint="e", observed=Observed(
+        prefill=prefill, router_ready_endpoints=1))
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["DecodeReady"]["status"] == "True"
+    assert "placement sameNode" in conditions["DecodeReady"]["message"]
+    assert conditions["Ready"]["status"] == "True"
+    assert status["decode"] == {"replicas": 1, "readyReplicas": 1}
+    starting = compute_status(s, 1, {}, "t0", endpoint="e", observed=Observed(
+        prefill={**prefill, "status": {"observedGeneration": 1, "readyReplicas": 0}},
+        router_ready_endpoints=0))
+    assert {c["type"]: c["status"] for c in starting["conditions"]}["DecodeReady"] == "False"

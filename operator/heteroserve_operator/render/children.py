@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.models import InferenceDeploymentSpec
-from . import kv_token, meta
+from . import kv_token, meta, same_node
 from .accelerators import profile as accelerator_profile
 from .engines import (
     EngineContainer,
@@ -77,11 +77,13 @@ def render(spec: InferenceDeploymentSpec, owner: meta.Owner, facts: ClusterFacts
         children.append(engine_cm)
     config_hash = meta.digest([router_cm["data"], engine_cm["data"] if engine_cm else None])
     children.append(router_service(spec, owner))
+    shared_pod = same_node.shares_pod(spec)
     if prefill:
-        children.append(prefill_deployment(spec, owner, prefill, config_hash))
+        children.append(prefill_deployment(spec, owner, prefill, config_hash,
+                                           *((decode, placement) if shared_pod else ())))
         if spec.prefill.replicas > 1:
             children.append(disruption_budget(owner, "prefill"))
-    if decode:
+    if decode and not shared_pod:
         children.append(decode_service(owner, decode.port))
         children.append(decode_deployment(spec, owner, decode, placement, config_hash))
         if spec.decode.replicas > 1:

@@ -29,21 +29,23 @@ def probe(engine_port: int | str, path: str | None, period: int, failures: int) 
 
 def engine_container(engine: EngineContainer, resources: dict[str, Any],
                      extra_mounts: list[dict[str, Any]],
-                     capabilities: tuple[str, ...] = ()) -> dict[str, Any]:
+                     capabilities: tuple[str, ...] = (), *, name: str = "engine",
+                     port_name: str = "engine") -> dict[str, Any]:
+    """`name`/`port_name`: another engine's in a pod that holds two (render/same_node.py)."""
     container: dict[str, Any] = {
-        "name": "engine",
+        "name": name,
         "image": engine.image,
         "command": list(engine.command),
         "args": list(engine.args),
-        "ports": [{"name": "engine", "containerPort": engine.port, "protocol": "TCP"}],
+        "ports": [{"name": port_name, "containerPort": engine.port, "protocol": "TCP"}],
         # HOME: engines cache under $HOME, and the image's root home is not writable as non-root.
         "env": env_list({"HOME": "/tmp", **engine.env}),
         "resources": resources,
         "volumeMounts": extra_mounts + list(engine.mounts),
-        "startupProbe": probe("engine", engine.health_path, 10,
+        "startupProbe": probe(port_name, engine.health_path, 10,
                               max(1, math.ceil(engine.startup_seconds / 10))),
-        "readinessProbe": probe("engine", engine.health_path, 5, 3),
-        "livenessProbe": probe("engine", engine.health_path, 20, 3),
+        "readinessProbe": probe(port_name, engine.health_path, 5, 3),
+        "livenessProbe": probe(port_name, engine.health_path, 20, 3),
         "securityContext": container_security_context(capabilities),
     }
     if engine.working_dir:
@@ -87,7 +89,7 @@ def model_volume(spec: InferenceDeploymentSpec) -> tuple[list[dict], list[dict]]
             [{"name": "models", "mountPath": volume.mount_path, "readOnly": True}])
 
 
-def shm_volume(size: str) -> tuple[dict, dict]:
+def shm_volume(size: str, name: str = "dshm") -> tuple[dict, dict]:
     """/dev/shm as a memory-backed emptyDir: the seeds' `--shm-size`."""
-    return ({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size}},
-            {"name": "dshm", "mountPath": "/dev/shm"})
+    return ({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": size}},
+            {"name": name, "mountPath": "/dev/shm"})

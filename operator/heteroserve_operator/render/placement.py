@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..api.models import InferenceDeploymentSpec
 from ..numa import NodeTopology, NumaPlan, NumaPlanError, plan_cpus
+from . import same_node
 from .accelerators import profile as accelerator_profile
 from .facts import ClusterFacts, NodeFacts
 
@@ -29,12 +30,14 @@ def candidate_nodes(spec: InferenceDeploymentSpec, facts: ClusterFacts) -> list[
     decode = spec.decode
     selector = dict(decode.node_selector)
     nodes = [n for n in facts.nodes if _matches(n, selector)]
+    # The shared pod also asks the prefill engine's and the router's cores.
+    cpus = same_node.pod_cpus(spec) if same_node.shares_pod(spec) else decode.cpus
     if decode.placement == "sameNode" and spec.prefill:
         accel = accelerator_profile(spec.prefill.accelerator)
         prefill_selector = {**accel.node_selector, **spec.prefill.node_selector}
         nodes = [n for n in nodes if _matches(n, prefill_selector)
                  and n.allocatable_int(accel.resource) >= spec.prefill.accelerator.count]
-    return [n for n in nodes if n.allocatable_int("cpu") >= decode.cpus]
+    return [n for n in nodes if n.allocatable_int("cpu") >= cpus]
 
 
 def _has_accelerator(node: NodeFacts) -> bool:
@@ -48,11 +51,15 @@ def place_decode(spec: InferenceDeploymentSpec, facts: ClusterFacts) -> DecodePl
     engine.
     """
     decode = spec.decode
+    if same_node.shares_pod(spec):
+        same_node.check_replicas(spec)
     reserved = decode.reserved_cpus_per_numa_node
     matching = candidate_nodes(spec, facts)
     if facts.nodes and not matching:
         raise NumaPlanError(
             f"no node can hold a decode pod of {decode.cpus} CPUs"
+            + (f" (a pod of {same_node.pod_cpus(spec)} with the prefill engine and router)"
+               if same_node.shares_pod(spec) else "")
             + (" next to the prefill accelerators (placement sameNode)"
                if decode.placement == "sameNode" else "")
             + (f" with labels {decode.node_selector}" if decode.node_selector else ""))

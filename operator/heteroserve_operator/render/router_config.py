@@ -1,7 +1,8 @@
 """The router sidecar's configuration (a ConfigMap): a typed `RouterConfig`, the contract the
 router loads (`heteroserve_engines.protocol.router_config`), in the shape of the sysHAX
 conductor's: one accelerator upstream in the router's own pod, CPU upstreams found through the
-headless decode Service."""
+headless decode Service (or, where the decode engine shares the prefill pod, in the router's own
+pod too: render/same_node.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 from heteroserve_engines.protocol.router_config import Listen, Offload, RouterConfig, TierConfig
 
 from ..api.models import InferenceDeploymentSpec
-from . import meta
+from . import meta, same_node
 from .containers import ROUTER_CONFIG_FILE
 from .engines import EngineContainer
 from .workloads import decode_name
@@ -34,6 +35,11 @@ def router_settings(spec: InferenceDeploymentSpec, owner: meta.Owner,
         if spec.prefill is None:  # CPU-only: the engine is in the router's own pod
             cpu = _tier(decode, [f"http://127.0.0.1:{decode.port}"],
                         max_concurrency=offload.cpu_max_batch_size, same_node=True,
+                        served_model_name=_served_name(spec, spec.decode.engine.kind))
+        elif same_node.shares_pod(spec):  # the decode engine beside the router's prefill engine
+            cpu = _tier(decode, [f"http://127.0.0.1:{decode.port}"],
+                        max_concurrency=offload.cpu_max_batch_size, kv_import=decode.kv_token,
+                        same_node=True,
                         served_model_name=_served_name(spec, spec.decode.engine.kind))
         else:  # every decode pod, through the headless Service's DNS records
             cpu = _tier(decode,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..api.models import InferenceDeploymentSpec
-from . import kv_token, meta
+from ..api.quantity import parse_quantity
+from . import kv_token, meta, same_node
 from .accelerators import profile as accelerator_profile
 from .containers import engine_container, model_volume, router_container, shm_volume
 from .engines import EngineContainer
@@ -13,6 +15,7 @@ from .placement import DecodePlacement
 from .security import pod_security_context
 
 SERVING_LABEL = "heteroserve.io/serving"  # pods that carry a router; the Service selects them
+MIB = 2**20
 
 
 def prefill_name(owner: meta.Owner) -> str:
@@ -77,26 +80,73 @@ def _deployment(owner: meta.Owner, name: str, component: str, replicas: int,
 
 
 def prefill_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner,
-                       engine: EngineContainer, config_hash: str) -> dict[str, Any]:
+                       engine: EngineContainer, config_hash: str,
+                       decode: EngineContainer | None = None,
+                       placement: DecodePlacement | None = None) -> dict[str, Any]:
+    """The prefill pods; with `decode` (render/same_node.py) each also runs a decode engine,
+    the two sharing a memory-backed directory for the KV hand-off."""
     prefill = spec.prefill
     accel = accelerator_profile(prefill.accelerator)
     volumes, mounts = _volumes(spec, engine, owner, router=True, extra=list(accel.volumes))
-    limits = {**accel.limits, "memory": prefill.memory}
+    memory = prefill.memory
     # CPU is not requested: with sameNode decode the host cores belong to the decode pods; the
     # accelerator engine runs in the shared pool (Kunpeng BoostKit: the last cores of each node).
-    resources = {"requests": {"memory": prefill.memory}, "limits": limits}
+    requests: dict[str, str] = {}
+    annotations = {meta.CONFIG_HASH: config_hash}
+    if decode:
+        channel, channel_mount = same_node.volume(spec)
+        volumes.append(channel)
+        mounts.append(channel_mount)
+        # The channel's tmpfs pages are charged to their writer, the prefill engine.
+        memory = f"{math.ceil((parse_quantity(memory) + same_node.channel_bytes(spec)) / MIB)}Mi"
+        # A Guaranteed pod, so that the decode engine's cores are exclusive: every container
+        # asks integer CPUs equal to its limits; the prefill engine gets the reserved cores.
+        requests["cpu"] = str(same_node.host_cpus(spec, placement.plan))
+        annotations[meta.NUMA_PLAN] = placement.plan.cpu_list
+    requests["memory"] = memory
+    resources = {"requests": requests, "limits": {**accel.limits, **requests}}
     containers = [
         engine_container(engine, resources, mounts + list(accel.mounts), accel.capabilities),
-        router_container(spec, exclusive_cpu=False),
+        router_container(spec, exclusive_cpu=decode is not None),
     ]
+    if decode:
+        decode_volumes, decode_container = _shared_pod_decode(spec, owner, decode)
+        volumes += decode_volumes
+        containers.insert(1, decode_container)
     pod_spec = _pod_spec(containers, volumes, grace_seconds=60)
     selector = {**accel.node_selector, **prefill.node_selector}
+    if decode:
+        selector.update(spec.decode.node_selector)
     if selector:
         pod_spec["nodeSelector"] = selector
     if accel.tolerations:
         pod_spec["tolerations"] = accel.tolerations
+    if decode and placement.nodes:
+        pod_spec["affinity"] = {"nodeAffinity": _on_nodes(placement.nodes)}
     return _deployment(owner, prefill_name(owner), "prefill", prefill.replicas,
-                       {SERVING_LABEL: "true"}, {meta.CONFIG_HASH: config_hash}, pod_spec)
+                       {SERVING_LABEL: "true"}, annotations, pod_spec)
+
+
+def _shared_pod_decode(spec: InferenceDeploymentSpec, owner: meta.Owner, engine: EngineContainer
+                       ) -> tuple[list[dict], dict[str, Any]]:
+    """The decode engine in the prefill pod, and the volumes it adds: it mounts what it shares
+    with the prefill engine (model, KV token, the channel) and a /dev/shm of its own; integer
+    CPUs and memory, requests equal to limits, as in a decode pod."""
+    shm, shm_mount = shm_volume(engine.shm_size, same_node.DECODE_SHM_VOLUME)
+    mounts = [*model_volume(spec)[1], shm_mount, same_node.volume(spec)[1]]
+    if engine.kv_token:
+        mounts.append(kv_token.volume(owner)[1])
+    amounts = {"cpu": str(spec.decode.cpus), "memory": spec.decode.memory}
+    container = engine_container(engine, {"requests": amounts, "limits": dict(amounts)}, mounts,
+                                 name=same_node.DECODE_CONTAINER,
+                                 port_name=same_node.DECODE_PORT_NAME)
+    return [shm, *engine.volumes], container
+
+
+def _on_nodes(nodes: tuple[str, ...]) -> dict[str, Any]:
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{
+            "key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}]}}
 
 
 def decode_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner, engine: EngineContainer,
@@ -115,10 +165,7 @@ def decode_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner, engine: 
         pod_spec["nodeSelector"] = dict(decode.node_selector)
     affinity: dict[str, Any] = {}
     if placement.nodes:
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchExpressions": [{
-                "key": "kubernetes.io/hostname", "operator": "In",
-                "values": list(placement.nodes)}]}]}}
+        affinity["nodeAffinity"] = _on_nodes(placement.nodes)
     if decode.placement == "sameNode":
         affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": {"matchLabels": meta.selector(owner, "prefill")},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...api.models import InferenceDeploymentSpec
 from ...numa import NumaPlan
-from .. import images, kv_token
+from .. import images, kv_token, same_node
 from ..accelerators import AcceleratorProfile
 from . import DECODE_PORT, PREFILL_PORT, EngineContainer, user_env
 from .cpu_env import decode_environment
@@ -21,7 +21,8 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
               "--tensor-parallel-size", str(spec.prefill.accelerator.count),
               "--max-model-len", str(spec.model.max_model_len),
               "--host", "0.0.0.0", "--port", str(engine.port or PREFILL_PORT),
-              *kv_token.engine_args(spec), *engine.args],
+              *kv_token.engine_args(spec),
+              *same_node.engine_args(spec), *engine.args],
         port=engine.port or PREFILL_PORT,
         env={**accelerator.env, **user_env(engine.env)},
         shm_size=engine.shm_size or "8Gi",
@@ -37,7 +38,8 @@ def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
         args=["--model", spec.model.path, "--served-model-name", spec.model.name,
               "--max-model-len", str(spec.model.max_model_len),
               "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT),
-              *kv_token.engine_args(spec), *engine.args],
+              *kv_token.engine_args(spec),
+              *same_node.engine_args(spec), *engine.args],
         port=engine.port or DECODE_PORT,
         # NRC unset: the engine chooses the rows per one-token product by row width
         # (docs/cpu-engine.md); the Kunpeng guidance is for the sysHAX kernels.
