@@ -152,10 +152,11 @@ def run(args: argparse.Namespace) -> int:
     temporary = not args.run_dir and not args.dry_run
     run_dir = (Path(args.run_dir) if args.run_dir else Path("<run-dir>") if args.dry_run
                else Path(tempfile.mkdtemp(prefix="heteroserve-run-")))
+    memory_dir = (Path("<memory-dir>") if args.dry_run else memory_folder(run_dir))
     try:
-        options = LocalOptions(run_dir, args.host, args.port, parse_upstreams(args.upstream),
-                               args.drain_seconds, args.prefill_device,
-                               local_secrets(name))
+        options = LocalOptions(run_dir, memory_dir, args.host, args.port,
+                               parse_upstreams(args.upstream), args.drain_seconds,
+                               args.prefill_device, local_secrets(name))
         local = plan(name, spec, machine_facts(topology, spec), options,
                      Machine(which=which, is_dir=os.path.isdir))
         if args.dry_run:
@@ -164,8 +165,21 @@ def run(args: argparse.Namespace) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         return Supervisor(local, run_dir, args.drain_seconds).run()
     finally:
+        if not args.dry_run:
+            shutil.rmtree(memory_dir, ignore_errors=True)
         if temporary:
             shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def memory_folder(run_dir: Path, shm: Path = Path("/dev/shm")) -> Path:
+    """Where this run's memory-backed emptyDirs go (the KV hand-off's shared directory): a new
+    owner-only folder on /dev/shm, the tmpfs a kubelet would mount; in the run directory where
+    this machine has none. Removed when the run ends."""
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return Path(tempfile.mkdtemp(prefix="heteroserve-run-", dir=shm))
+    folder = run_dir / "memory"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
 
 
 def print_plan(local) -> None:
@@ -183,6 +197,8 @@ def print_plan(local) -> None:
             print(f"  cwd    {process.cwd}")
         print(f"  run    {process.command_line()}")
         print(f"  ready  {process.health_url}")
+        for folder in process.dirs:
+            print(f"  dir    {folder} (memory-backed, shared by the processes that list it)")
         for path, text in process.files.items():
             print(f"  file   {path}:")
             print("".join(f"           {line}\n" for line in text.splitlines()), end="")

@@ -4,7 +4,9 @@ Pure: spec + this machine's facts + local options in, `LocalPlan` out; what the 
 machine (is a command installed, does a directory exist) comes in as a `Machine`. The rendered
 Deployments' containers give each process its command line, environment and startup limit; their
 volumes become paths on this machine (a ConfigMap: files written into the run directory; a
-hostPath: that path; a PVC: nothing, the path must exist here as it is in the pod). Then:
+hostPath: that path; a memory-backed emptyDir: a folder of this run's memory directory, on
+/dev/shm, shared by the processes that mount it as containers of a pod share it; a PVC: nothing,
+the path must exist here as it is in the pod). Then:
 
 - one process per tier and the router (replicas are a cluster notion; one of each here);
 - engines bind loopback (the rendered 0.0.0.0): the router is the one endpoint;
@@ -27,6 +29,7 @@ import yaml
 from heteroserve_engines.protocol.router_config import TIERS, RouterConfig
 from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.numa import NumaPlan, NumaPlanError
+from heteroserve_operator.render import same_node
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.facts import ClusterFacts
 from heteroserve_operator.render.meta import Owner
@@ -40,6 +43,11 @@ HEALTH_TIMEOUT_SECONDS = 2.0
 ROUTER_STARTUP_SECONDS = 60.0
 # The tier each rendered Deployment's engine serves, by the Deployment's component label.
 COMPONENT_TIERS = {"prefill": "accelerator", "decode": "cpu"}
+# The engine containers of a pod: "engine" serves the pod's component; the prefill pod may also
+# hold the decode engine (render/same_node.py).
+ENGINE_CONTAINERS = {"engine": None, same_node.DECODE_CONTAINER: "decode"}
+# A container's /dev/shm is this machine's own /dev/shm: nothing to make.
+DEV_SHM = "/dev/shm"
 
 
 class PlanError(ValueError):
@@ -57,6 +65,9 @@ class Machine:
 @dataclass(frozen=True)
 class LocalOptions:
     run_dir: PurePath  # where ConfigMap files are written
+    # Where memory-backed emptyDirs become folders (one per volume): a per-run folder on
+    # /dev/shm, made and removed by the caller; None: `run_dir / "memory"`.
+    memory_dir: PurePath | None = None
     host: str = LOOPBACK  # the router's bind address
     port: int | None = None  # the router's port; None: the spec's router.port
     upstreams: Mapping[str, str] = field(default_factory=dict)  # tier -> base URL
@@ -79,6 +90,8 @@ class LocalProcess:
     cwd: str | None = None
     startup_seconds: float = ROUTER_STARTUP_SECONDS  # longest load before it counts as failed
     summary: str = ""  # what it is doing while it starts
+    # Folders made (owner-only) before it starts: the memory-backed emptyDirs it mounts.
+    dirs: tuple[str, ...] = ()
 
     def command_line(self) -> str:
         return shlex.join(self.argv)
@@ -113,13 +126,17 @@ def plan(name: str, spec: InferenceDeploymentSpec, facts: ClusterFacts, options:
             for c in rendered.children if c["kind"] == "Deployment"}
     router_port = options.port or spec.router.port
     engines: list[LocalProcess] = []
-    for component, pod in pods.items():
-        tier = COMPONENT_TIERS[component]
-        if tier in options.upstreams:
-            continue
-        (container,) = [c for c in pod["containers"] if c["name"] == "engine"]
-        engines.append(_engine(spec, component, tier, container, pod, configmaps, options,
-                               machine, rendered.placement.plan if rendered.placement else None))
+    for pod_component, pod in pods.items():
+        for container in pod["containers"]:
+            if container["name"] not in ENGINE_CONTAINERS:
+                continue
+            component = ENGINE_CONTAINERS[container["name"]] or pod_component
+            tier = COMPONENT_TIERS[component]
+            if tier in options.upstreams:
+                continue
+            engines.append(_engine(spec, component, tier, container, pod, configmaps, options,
+                                   machine,
+                                   rendered.placement.plan if rendered.placement else None))
     router_name = f"{name}-router"
     configmaps[router_name] = {"router.yaml": _router_config(
         configmaps[router_name]["router.yaml"], engines, options, router_port)}
@@ -182,9 +199,16 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
     volumes = {v["name"]: v for v in pod["volumes"]}
     paths: dict[str, str] = {}  # a mount path in the container -> the path on this machine
     files: dict[str, str] = {}
+    dirs: list[str] = []
+    memory_dir = options.memory_dir or options.run_dir / "memory"
     for mount in container.get("volumeMounts", []):
         volume = volumes.get(mount["name"], {})
-        if "configMap" in volume:
+        if (volume.get("emptyDir") or {}).get("medium") == "Memory":
+            if mount["mountPath"] != DEV_SHM:
+                local = str(memory_dir / mount["name"])
+                paths[mount["mountPath"]] = local
+                dirs.append(local)
+        elif "configMap" in volume:
             local = str(options.run_dir / volume["configMap"]["name"])
             paths[mount["mountPath"]] = local
             files.update({f"{local}/{key}": text
@@ -213,7 +237,7 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
     startup_seconds = (startup["periodSeconds"] * startup["failureThreshold"] if startup
                        else ROUTER_STARTUP_SECONDS)
     process = LocalProcess(name, tuple(argv), env, files, health, tier, port,
-                           container.get("workingDir"), startup_seconds, summary)
+                           container.get("workingDir"), startup_seconds, summary, tuple(dirs))
     if tier is None:
         found = machine.which(argv[0])
         if found is None:

@@ -124,6 +124,10 @@ class Supervisor:
 
     def _write_files(self) -> None:
         for process in self.plan.processes:
+            for folder in process.dirs:
+                # Owner-only, as the engines' KV files in it are (both run as this user).
+                Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(folder, 0o700)
             for path, text in process.files.items():
                 Path(path).parent.mkdir(parents=True, exist_ok=True)
                 # Owner-only: a run's files include the KV token.

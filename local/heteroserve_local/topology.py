@@ -12,6 +12,7 @@ from pathlib import Path
 
 from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.numa import NodeTopology, NumaNode, parse_cpu_list
+from heteroserve_operator.render import same_node
 from heteroserve_operator.render.accelerators import profile as accelerator_profile
 from heteroserve_operator.render.facts import ClusterFacts, NodeFacts
 
@@ -66,7 +67,12 @@ def machine_facts(topology: NodeTopology, spec: InferenceDeploymentSpec) -> Clus
     the node every selector means). Whether the accelerator engine really runs here is that
     engine's business."""
     labels: dict[str, str] = {}
-    allocatable = {"cpu": str(topology.cpu_count)}
+    cpus = topology.cpu_count
+    if spec.decode and same_node.shares_pod(spec):
+        # The shared pod's prefill engine and router ask cores of their own in a cluster; here
+        # they run unpinned beside the decode engine's, so only the decode CPUs must fit.
+        cpus += same_node.pod_cpus(spec) - spec.decode.cpus
+    allocatable = {"cpu": str(cpus)}
     if spec.decode:
         labels.update(spec.decode.node_selector)
     if spec.prefill:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import itertools
 import socket
+from dataclasses import replace
 from pathlib import Path, PurePath
 
 import pytest
 
 from heteroserve_engines.router.settings import parse_config
-from heteroserve_local.__main__ import SpecError, load_spec, parse_upstreams
+from heteroserve_local.__main__ import SpecError, load_spec, memory_folder, parse_upstreams
 from heteroserve_local.default_spec import default_spec, largest_even_binding
 from heteroserve_local.plan import LocalOptions, LocalPlan, Machine, PlanError, plan
 from heteroserve_local.supervisor import Supervisor, SupervisorError, restart_delay
@@ -294,3 +295,70 @@ def test_a_taken_port_stops_the_run_before_anything_starts(tmp_path):
 
 def test_restart_backoff_doubles_up_to_thirty_seconds():
     assert [restart_delay(n) for n in range(1, 8)] == [1, 2, 4, 8, 16, 30, 30]
+
+
+# -- the same-node pod's shared memory ------------------------------------------------------------
+def kv_shm_dir(process) -> str:
+    return process.argv[process.argv.index("--kv-shm-dir") + 1]
+
+
+def test_the_shared_pods_memory_volume_is_one_folder_for_both_engines():
+    memory = PurePath("/dev/shm/heteroserve-run-x")
+    local = local_plan(spec(**BUILTIN_PD), secrets=TOKEN, memory_dir=memory)
+    processes = by_name(local)
+    # The decode engine comes out of the prefill pod, as its own process of the cpu tier.
+    assert [p.name for p in local.processes] == ["prefill", "decode", "router"]
+    assert processes["decode"].tier == "cpu"
+    assert processes["decode"].argv[0] == "/venv/bin/heteroserve-cpu-engine"
+    assert processes["decode"].health_url == "http://127.0.0.1:8002/health"
+    folder = str(memory / "kv-shm")
+    for name in ("prefill", "decode"):
+        assert kv_shm_dir(processes[name]) == folder
+        assert processes[name].dirs == (folder,)  # /dev/shm itself is this machine's own
+    assert processes["router"].dirs == ()
+    assert processes["decode"].env["OMP_NUM_THREADS"] == "4"
+    assert router_config(local).cpu.urls == ["http://127.0.0.1:8002"]
+    assert router_config(local).cpu.kv_import
+    # Without a memory folder from the caller: one in the run directory.
+    default = by_name(local_plan(spec(**BUILTIN_PD), secrets=TOKEN))
+    assert kv_shm_dir(default["decode"]) == str(RUN_DIR / "memory" / "kv-shm")
+
+
+def test_engines_in_pods_of_their_own_get_no_shared_folder():
+    local = local_plan(spec(**{**BUILTIN_PD, "decode": {**BUILTIN_PD["decode"],
+                                                        "placement": "anyNode"}}),
+                       secrets=TOKEN)
+    for process in local.processes:
+        assert "--kv-shm-dir" not in process.argv and process.dirs == ()
+
+
+def test_the_run_makes_its_memory_folder_owner_only_on_dev_shm(tmp_path):
+    shm, run_dir = tmp_path / "shm", tmp_path / "run"
+    shm.mkdir()
+    folder = memory_folder(run_dir, shm)
+    assert folder.parent == shm and folder.stat().st_mode & 0o777 == 0o700
+    # No /dev/shm on this machine: the run directory.
+    fallback = memory_folder(run_dir, tmp_path / "absent")
+    assert fallback == run_dir / "memory" and fallback.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_supervisor_makes_the_shared_folders_before_the_engines_start(tmp_path):
+    local = local_plan(spec(**BUILTIN_PD), secrets={"t-kv-token": {"token": "x" * 32}},
+                       memory_dir=PurePath(tmp_path / "memory"))
+    for process in local.processes:
+        for path in process.files:
+            assert path.startswith(str(RUN_DIR))
+    # Write only the folders: the plan's files belong under the fake /run/hs.
+    bare = LocalPlan(local.model, local.base_url,
+                     tuple(replace(p, files={}) for p in local.processes), local.numa_plan)
+    Supervisor(bare, tmp_path, drain_seconds=1)._write_files()
+    folder = tmp_path / "memory" / "kv-shm"
+    assert folder.is_dir() and folder.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_shared_pod_runs_on_a_machine_with_only_the_decode_cpus():
+    # In a cluster the pod also asks cores for the prefill engine and router; here they run
+    # unpinned beside the decode engine's, so a 2-CPU box runs a 2-CPU decode engine.
+    pd = {**BUILTIN_PD, "decode": {**BUILTIN_PD["decode"], "cpus": 2, "numaNodes": 1}}
+    local = local_plan(spec(**pd), NodeTopology.uniform("box", 1, 2), secrets=TOKEN)
+    assert by_name(local)["decode"].env["CUSTOM_CPU_AFFINITY"] == "0-1"
