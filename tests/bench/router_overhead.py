@@ -19,9 +19,11 @@ throughput ratio (router / direct).
 Goals (the router's issue): added TTFT p50 at most 2 ms at every level, and at least 90 % of
 direct throughput at 256 streams.
 
-The load generator runs on the same cores as the engines and routers: one asyncio loop, one
-httpx client, and it never decodes the JSON of a chunk. The "canned direct" rows are therefore
-the ceiling of this client and the canned upstream together.
+The load generator is one asyncio loop with one httpx client that never decodes the JSON of a
+chunk. With four or more CPUs it has a core of its own; with fewer it shares the router's (engine
+rows) or the upstreams' (canned rows), so the "canned direct" rows are the ceiling of this
+client and the canned upstream together. The router rows also show the router process's CPU time
+per completed request (user + system, /proc).
 """
 
 from __future__ import annotations
