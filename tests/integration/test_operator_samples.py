@@ -234,6 +234,48 @@ def check_builtin_pd(cluster, ns, name):
                                                       "defaultMode": 0o440}
 
 
+def check_builtin_pd_same_node(cluster, ns, name):
+    """sysHAX's `--ipc container:` in Kubernetes: both engines in one pod, one memory-backed
+    directory between them, no decode pods of their own."""
+    (pod,) = pods(cluster, ns, name, "prefill")
+    assert pods(cluster, ns, name, "decode") == []
+    assert [c["name"] for c in pod["spec"]["containers"]] == ["engine", "decode-engine",
+                                                               "router"]
+    shared = volumes(pod)["kv-shm"]
+    assert shared["emptyDir"] == {"medium": "Memory", "sizeLimit": "1025Mi"}
+    assert not pod["spec"].get("hostIPC") and all(
+        "hostPath" not in v for v in pod["spec"]["volumes"])
+    for cname in ("engine", "decode-engine"):
+        engine = container(pod, cname)
+        assert mounts(engine)["/var/run/heteroserve/kv"] == "kv-shm"
+        assert mounts(engine)["/etc/heteroserve/kv"] == "kv-token"
+        args = engine["args"]
+        assert args[args.index("--kv-shm-dir") + 1] == "/var/run/heteroserve/kv"
+        assert args[args.index("--kv-token-file") + 1] == "/etc/heteroserve/kv/token"
+    decode = container(pod, "decode-engine")
+    assert decode["command"] == ["heteroserve-cpu-engine"]
+    assert env(decode)["CUSTOM_CPU_AFFINITY"] == "0-3,40-43"
+    assert env(decode)["OMP_NUM_THREADS"] == "8"
+    assert decode["resources"]["requests"] == decode["resources"]["limits"] == {
+        "cpu": "8", "memory": "4Gi"}
+    # The apiserver defaults the card's request to its limit.
+    gpu = container(pod, "engine")["resources"]
+    assert gpu["requests"] == gpu["limits"] == {"cpu": "7", "memory": "9217Mi",
+                                                "nvidia.com/gpu": "1"}
+    # Every container asks integer CPUs equal to its limits: exclusive cores for decode.
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    assert pod["spec"]["nodeName"] == "kunpeng-a100-0"
+    services = get_json(cluster, "services", "-n", ns, "-l",
+                        f"app.kubernetes.io/instance={name}")["items"]
+    assert [s["metadata"]["name"] for s in services] == [name]
+    router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
+        "data"]["router.yaml"])
+    assert router["cpu"]["urls"] == ["http://127.0.0.1:8002"]
+    assert router["cpu"]["kvImport"] is True and router["cpu"]["sameNode"] is True
+    status = get_json(cluster, "inferencedeployment", name, "-n", ns)["status"]
+    assert status["decode"] == {"replicas": 1, "readyReplicas": 1}
+
+
 CHECKS = {
     "syshax-ds-32b": check_syshax_q8,
     "syshax-ds-32b-q4": check_syshax_q4,
@@ -245,7 +287,9 @@ CHECKS = {
     "sysinfer-baichuan2-13b": check_sysinfer,
     "builtin-smollm2-cpu": check_builtin_cpu,
     "builtin-gpu-prefill-cpu-decode": check_builtin_pd,
+    "builtin-gpu-prefill-cpu-decode-same-node": check_builtin_pd_same_node,
 }
+KV_HANDOFF_SAMPLES = {"builtin-gpu-prefill-cpu-decode", "builtin-gpu-prefill-cpu-decode-same-node"}
 
 
 def test_every_sample_has_checks():
@@ -267,7 +311,38 @@ def test_sample_becomes_ready_with_seed_fields(cluster, operator, namespace, sam
     secrets = get_json(cluster, "secrets", "-n", namespace, "-l",
                        f"app.kubernetes.io/instance={name}")["items"]
     assert [s["metadata"]["name"] for s in secrets] == (
-        [f"{name}-kv-token"] if sample == "builtin-gpu-prefill-cpu-decode" else [])
+        [f"{name}-kv-token"] if sample in KV_HANDOFF_SAMPLES else [])
     # Deleting the sample frees its cards and cores for the next one.
     cluster.kubectl("delete", "inferencedeployment", name, "-n", namespace, "--wait=true")
     cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", namespace, "--timeout=60s")
+
+
+def restricted(cluster, namespace: str) -> None:
+    cluster.kubectl("label", "namespace", namespace,
+                    "pod-security.kubernetes.io/enforce=restricted",
+                    "pod-security.kubernetes.io/enforce-version=latest")
+
+
+def test_the_same_node_pod_is_admitted_under_restricted_pod_security(cluster, operator,
+                                                                       namespace):
+    """The shared memory needs neither hostIPC nor a hostPath: Pod Security "restricted"
+    admits the pod (and, as a control, refuses the same pod with hostIPC)."""
+    restricted(cluster, namespace)
+    path = SAMPLES / "builtin-gpu-prefill-cpu-decode-same-node.yaml"
+    name = yaml.safe_load(path.read_text())["metadata"]["name"]
+    cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+    wait_ready(cluster, namespace, name)
+    ns = namespace
+    (pod,) = pods(cluster, ns, name, "prefill")
+    assert "kv-shm" in volumes(pod)
+    template = get_json(cluster, "deployment", f"{name}-prefill", "-n", ns)["spec"]["template"]
+    bare = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "admission-probe", "namespace": ns},
+            "spec": template["spec"]}
+    cluster.kubectl("apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(bare))
+    bare["spec"] = {**template["spec"], "hostIPC": True}
+    refused = cluster.kubectl("apply", "--dry-run=server", "-f", "-",
+                              stdin=yaml.safe_dump(bare), check=False)
+    assert refused.returncode != 0 and "hostIPC" in refused.stderr
+    cluster.kubectl("delete", "inferencedeployment", name, "-n", ns, "--wait=true")
+    cluster.kubectl("wait", "--for=delete", "pods", "--all", "-n", ns, "--timeout=60s")

@@ -79,7 +79,8 @@ def test_gpu_and_cpu_sample_finds_decode_pods_through_dns():
 
 
 @pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.yaml")
-                                          if p.stem != "builtin-gpu-prefill-cpu-decode"))
+                                          if not p.stem.startswith(
+                                              "builtin-gpu-prefill-cpu-decode")))
 def test_other_engines_neither_export_nor_import_kv(sample):
     """vLLM, KsanaLLM, sysInfer and a builtin engine without a builtin partner: the router
     sends requests whole."""
@@ -87,6 +88,12 @@ def test_other_engines_neither_export_nor_import_kv(sample):
     assert not config.kv_handoff
     assert not (config.accelerator and config.accelerator.kv_export)
     assert not (config.cpu and config.cpu.kv_import)
+
+
+def test_same_node_builtin_sample_reaches_the_decode_engine_in_its_own_pod():
+    config = load("builtin-gpu-prefill-cpu-decode-same-node")
+    assert config.cpu.urls == ["http://127.0.0.1:8002"] and config.cpu.discovery == "static"
+    assert config.cpu.same_node and config.kv_handoff
 
 
 def test_syshax_sample_decodes_on_the_same_node():
