@@ -16,14 +16,12 @@ On SIGTERM the server drains (`Drain`): it stops admitting, lets running request
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-import uvicorn
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -69,6 +67,16 @@ from ..protocol.openai import (
     sse,
     sse_error,
 )
+
+# Shared with the prefill engine; __main__ imports the defaults and serve from here.
+from ..serving_limits import (
+    DRAIN_SECONDS,  # noqa: F401
+    MAX_BODY_BYTES,
+    Drain,
+    Guard,
+    error_response,
+    serve,  # noqa: F401
+)
 from .handoff import KvHandoff
 from .runner import (
     Delta,
@@ -85,37 +93,8 @@ log = logging.getLogger("heteroserve.cpu_engine")
 
 # How often a request checks that its client is still there (and the drain's deadline).
 DISCONNECT_POLL_SECONDS = 0.25
-# The default --max-body-bytes: far above any prompt that fits an 8192-token context (about
-# 32 KB of text), far below what ties up a core for seconds.
-MAX_BODY_BYTES = 4 << 20
-# The default --drain-seconds: inside Kubernetes' default terminationGracePeriodSeconds (30).
-DRAIN_SECONDS = 25.0
-# What an over-limit body's rest is read (and dropped) for after the 413, so that a client that
-# sends it all before reading still gets the answer (nginx's lingering close, in short).
-DISCARD_BYTES, DISCARD_SECONDS = 64 << 20, 5.0
 # OpenAI's (and vLLM's) stand-in for a log-probability of minus infinity (JSON has none).
 LOGPROB_FLOOR = -9999.0
-
-
-@dataclass
-class Drain:
-    """The shutdown drain: `begin` (from the SIGTERM handler) stops admitting requests; running
-    ones may finish until `seconds` later, when what is left is ended."""
-
-    seconds: float = DRAIN_SECONDS
-    deadline: float | None = None  # time.monotonic() when running requests are ended
-
-    def begin(self) -> None:
-        if self.deadline is None:
-            self.deadline = time.monotonic() + self.seconds
-            log.info("draining: no new requests; running ones end within %.0f s", self.seconds)
-
-    @property
-    def draining(self) -> bool:
-        return self.deadline is not None
-
-    def expired(self) -> bool:
-        return self.deadline is not None and time.monotonic() >= self.deadline
 
 
 @dataclass
@@ -197,87 +176,6 @@ def _parse(model_type, payload: dict):
         raise ApiError(400, f"{param}: {first['msg']}", param=param) from None
     except RecursionError:
         raise ApiError(400, "the request body is nested too deeply") from None
-
-
-def _error_response(error: ApiError, close: bool = False) -> JSONResponse:
-    headers = dict(error.headers)
-    if close:
-        headers["Connection"] = "close"
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
-
-
-class Guard:
-    """The outermost layer (plain ASGI): a body over `max_bytes` is answered 413 as soon as
-    its Content-Length (or, chunked, its running size) shows it, without buffering it; and any
-    exception the app lets through becomes an OpenAI-shaped 500 with `Connection: close`
-    rather than uvicorn's plain-text one on a connection it then drops unannounced."""
-
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
-
-    def too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than this engine's limit of "
-                        f"{self.max_bytes} bytes (--max-body-bytes)", code="request_too_large")
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def tracked_send(message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
-
-        length = dict(scope["headers"]).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
-            await _error_response(self.too_large(), close=True)(scope, receive, send)
-            await self.discard(receive)
-            return
-        received, over = 0, False
-
-        async def limited_receive():
-            nonlocal received, over
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    over = True
-                    raise self.too_large()
-            return message
-
-        try:
-            await self.app(scope, limited_receive, tracked_send)
-        except Exception as error:  # the last line of defence
-            if started:
-                raise  # mid-response: uvicorn drops the connection, the only honest end
-            if isinstance(error, ApiError):  # raised outside a route (the chunked 413)
-                await _error_response(error, close=True)(scope, receive, send)
-            else:
-                log.exception("unexpected error on %s %s", scope.get("method"), scope["path"])
-                await _error_response(ApiError(500, f"internal error: {type(error).__name__}",
-                                               code="internal_error"), close=True)(
-                    scope, receive, send)
-        if over:
-            await self.discard(receive)
-
-    @staticmethod
-    async def discard(receive) -> None:
-        """Reads and drops the rest of a refused body (bounded in bytes and time)."""
-        dropped = 0
-
-        async def drain():
-            nonlocal dropped
-            while dropped < DISCARD_BYTES:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return
-                dropped += len(message.get("body", b""))
-                if not message.get("more_body"):
-                    return
-
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(drain(), DISCARD_SECONDS)
 
 
 @dataclass
@@ -431,9 +329,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
                 served.engine.abort(seq)
 
     async def respond(request: Request, chat: bool) -> Response:
-        if drain.draining:
-            raise ApiError(503, "the engine is shutting down; retry on another replica",
-                           code="shutting_down", headers={"Retry-After": "1"})
+        drain.refuse_new()
         req = _parse(ChatRequest if chat else CompletionRequest, parse_body(await request.body()))
         check_model(req)
         refuse_unsupported(req)
@@ -550,7 +446,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
 
     async def api_error(_request: Request, error: ApiError) -> Response:
         # A 413's body was not read: the connection cannot carry another request.
-        return _error_response(error, close=error.status == 413)
+        return error_response(error, close=error.status == 413)
 
     async def http_error(_request: Request, error: HTTPException) -> Response:
         return await api_error(_request, ApiError(
@@ -567,24 +463,3 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
     app = Starlette(routes=routes,
                     exception_handlers={ApiError: api_error, HTTPException: http_error})
     return Guard(app, limits.max_body_bytes)
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn, whose exit signal first starts the drain: uvicorn itself then stops accepting
-    connections and waits for running requests, which the drain ends at its deadline."""
-
-    def __init__(self, config: uvicorn.Config, drain: Drain):
-        super().__init__(config)
-        self.drain = drain
-
-    def handle_exit(self, sig, frame) -> None:
-        self.drain.begin()
-        super().handle_exit(sig, frame)
-
-
-def serve(app, host: str, port: int, drain: Drain) -> None:
-    """Runs the server until SIGTERM/SIGINT and the drain are done."""
-    # uvicorn's own grace outlasts the drain, so that ended streams can send their last chunk.
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning",
-                            timeout_graceful_shutdown=drain.seconds + 5)
-    DrainingServer(config, drain).run()

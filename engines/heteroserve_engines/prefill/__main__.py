@@ -22,6 +22,8 @@ CPU_AUTO_BUDGET_SEQUENCES = 4  # without a device memory query: this many max-le
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..serving_limits import DRAIN_SECONDS, MAX_BODY_BYTES
+
     parser = argparse.ArgumentParser(prog="heteroserve-prefill-engine", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None,
@@ -60,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-shm-dir", default=None,
                         help="a memory-backed directory shared with the decode engine (same "
                         "node): it pulls KV through a file there instead of over TCP")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                        help="larger request bodies are answered 413 unread (default "
+                        f"{MAX_BODY_BYTES})")
+    parser.add_argument("--drain-seconds", type=float, default=DRAIN_SECONDS,
+                        help="on SIGTERM, how long running requests may finish before they are "
+                        "ended (finish_reason abort); keep the pod's "
+                        f"terminationGracePeriodSeconds above it (default {DRAIN_SECONDS:g})")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     return parser
@@ -87,13 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
     from prometheus_client import CollectorRegistry
 
     from ..cpu_engine.__main__ import default_model
     from ..cpu_engine.gguf_model import ModelFileError
     from ..cpu_engine.tokenizer import GGUFTokenizer
     from ..kv_handoff.export import KvExports, load_kv_token, shm_directory
+    from ..serving_limits import Drain, serve
     from .devices import DTYPES, DeviceError, default_dtype, open_device
     from .engine import PrefillEngine
     from .kv_export import KvDescription
@@ -147,13 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     metrics = EngineMetrics(registry, name, engine, exports)
     engine.observe = metrics.observe
+    drain = Drain(args.drain_seconds)
     serving = OpenAIServing(ServedModel(name, max_len, int(time.time()), args.port), engine,
                             tokenizer, exports, KvDescription.of(reader, config),
-                            on_finish=metrics.finished)
+                            on_finish=metrics.finished, drain=drain)
     engine.start()
     try:
-        uvicorn.run(create_app(serving, exports, registry), host=args.host, port=args.port,
-                    log_level="warning", timeout_graceful_shutdown=5)
+        serve(create_app(serving, exports, registry, drain, args.max_body_bytes), args.host,
+              args.port, drain)
     finally:
         engine.stop()
     return 0

@@ -1,6 +1,10 @@
 """The HTTP routes (Starlette): /v1/completions, /v1/chat/completions (SSE when streaming),
 /v1/models, /health, /metrics and GET /v1/kv/{handle} (the KV pull). Each parses the body,
-calls the serving object and encodes its answer; every error is OpenAI-shaped."""
+calls the serving object and encodes its answer; every error is OpenAI-shaped.
+
+Behind the CPU engine's `Guard` (serving_limits.py): a body over --max-body-bytes is 413 before
+it is read, anything unexpected a 500 with `Connection: close`. While draining (SIGTERM), new
+completions are 503 `shutting_down`; the serving object ends running ones at the deadline."""
 
 from __future__ import annotations
 
@@ -15,12 +19,14 @@ from starlette.routing import Route
 
 from ..kv_handoff.export import KvExports
 from ..protocol.openai import SSE_MEDIA_TYPE, ApiError, parse_body
+from ..serving_limits import Drain, Guard, error_response
 from .serving import OpenAIServing
 
 
-def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRegistry
-               ) -> Starlette:
+def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRegistry,
+               drain: Drain, max_body_bytes: int) -> Guard:
     async def answer(request: Request, chat: bool) -> Response:
+        drain.refuse_new()
         payload = parse_body(await request.body())
         result = await serving.create(payload, chat, request.is_disconnected)
         if isinstance(result, dict):
@@ -43,7 +49,8 @@ def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRe
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     async def api_error(_request: Request, error: ApiError) -> Response:
-        return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+        # A 413's body was not read: the connection cannot carry another request.
+        return error_response(error, close=error.status == 413)
 
     async def http_error(request: Request, error: HTTPException) -> Response:
         message = {404: f"no route {request.url.path}",
@@ -60,7 +67,7 @@ def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRe
         finally:
             exports.release_all()
 
-    return Starlette(
+    return Guard(Starlette(
         routes=[Route("/v1/completions", completions, methods=["POST"]),
                 Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/models", models, methods=["GET"]),
@@ -69,4 +76,4 @@ def create_app(serving: OpenAIServing, exports: KvExports, registry: CollectorRe
                 Route("/v1/kv/{handle}", exports.route, methods=["GET"])],
         exception_handlers={ApiError: api_error, HTTPException: http_error},
         lifespan=lifespan,
-    )
+    ), max_body_bytes)

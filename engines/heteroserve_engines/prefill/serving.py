@@ -9,6 +9,10 @@ with Retry-After, and a client that disconnects frees its sequence at once. Besi
 with `"kv_transfer_params": {"do_remote_decode": true}` is a prefill for a remote decode (vLLM's
 disaggregated shape): the prompt is computed, one token sampled and answered (never streamed),
 and the prompt's KV kept under a handle that the response's `kv_transfer_params` names.
+
+Once the shutdown drain's deadline passes (serving_limits.Drain), a running request is ended as
+the CPU engine ends it: its sequence aborted, a last delta with finish_reason `abort` (streamed:
+a final chunk and `[DONE]`; otherwise the text so far).
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ from ..protocol.openai import (
     sse,
     sse_error,
 )
+from ..serving_limits import Drain
 from .engine import PrefillEngine
 from .kv_export import KvDescription, export_kept
 from .sequence import Sequence
 
-# How often a request checks that its client is still there.
+# How often a request checks that its client is still there (and the drain's deadline).
 DISCONNECT_POLL_SECONDS = 0.25
 
 IsDisconnected = Callable[[], Awaitable[bool]]
@@ -79,9 +84,11 @@ def parse(model_type: type[BaseModel], payload: Any) -> Any:
 class OpenAIServing:
     def __init__(self, served: ServedModel, engine: PrefillEngine, tokenizer: GGUFTokenizer,
                  exports: KvExports, kv: KvDescription,
-                 on_finish: Callable[[str], None] = lambda _reason: None):
+                 on_finish: Callable[[str], None] = lambda _reason: None,
+                 drain: Drain | None = None):
         self.served, self.engine, self.tokenizer = served, engine, tokenizer
         self.exports, self.kv, self.on_finish = exports, kv, on_finish
+        self.drain = drain or Drain()
 
     def models(self) -> dict:
         return ModelList(data=[ModelCard(id=self.served.name, created=self.served.created,
@@ -227,6 +234,14 @@ class OpenAIServing:
                     checked = loop.time()
                     if await is_disconnected():
                         raise asyncio.CancelledError
+                    if self.drain.expired() and not (delta and delta.finish_reason):
+                        if delta is not None:
+                            yield delta
+                        done = True  # the finally's abort is the one below, not a second
+                        self.engine.abort(seq.id)
+                        self.on_finish("abort")
+                        yield Delta("", [], "abort", len(seq.output_ids))
+                        return
                 if delta is None:
                     continue
                 if delta.finish_reason == "error":
