@@ -142,3 +142,65 @@ def test_upstream_failures_are_httpx_errors(answer, wait, error):
 
     with pytest.raises(error):
         asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["new-connection", "kept-alive"])
+def test_a_cancelled_request_closes_its_connection(reused):
+    """A client that leaves cancels the router's upstream request: the upstream must see its
+    connection closed (that is what stops an engine decoding for nobody)."""
+    async def scenario():
+        closed = asyncio.Event()
+        answered = 0
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal answered
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length")), 0)
+                    await reader.readexactly(length)
+                    if answered < int(reused):  # the first request is answered, the next not
+                        answered += 1
+                        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                closed.set()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
+            if reused:
+                assert (await client.post(f"http://127.0.0.1:{port}/", content=b"{}")).content \
+                    == b"ok"
+            task = asyncio.create_task(client.post(f"http://127.0.0.1:{port}/", content=b"{}"))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(closed.wait(), 2)
+        server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_stream_read_slowly_arrives_whole():
+    """Backpressure: while the reader is slow the connection stops reading the socket (pieces
+    beyond lean.HIGH_WATER pause it) and resumes; no byte is lost or reordered."""
+    pieces = [b"%06d" % i for i in range(50000)]
+    body = b"".join(b"6\r\n" + p + b"\r\n" for p in pieces) + b"0\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+
+    async def scenario():
+        server, port = await serve_raw(answer, 1.0)
+        async with httpx.AsyncClient(transport=UpstreamTransport()) as client, \
+                client.stream("GET", f"http://127.0.0.1:{port}/") as response:
+            got = []
+            async for piece in response.aiter_raw():
+                got.append(piece)
+                if len(got) % 2000 == 0:
+                    await asyncio.sleep(0.01)
+        server.close()
+        return b"".join(got)
+
+    assert asyncio.run(scenario()) == b"".join(pieces)

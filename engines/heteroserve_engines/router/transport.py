@@ -70,6 +70,11 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
                                                  lambda c=connection: self._lean_back(key, c))
                 except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError):
                     connection.close()  # closed by the upstream as it was reused: a new one
+                except BaseException:
+                    # Cancelled (the client left) or failed mid-request: closing the
+                    # connection is what tells the engine to stop.
+                    connection.close()
+                    raise
             else:
                 connection.close()
         connection = await LeanConnection.open(key[0], key[1], timeouts.get("connect"))
