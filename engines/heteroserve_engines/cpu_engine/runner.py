@@ -195,11 +195,20 @@ class EngineCore:
         seed = params.seed if params.seed is not None else _entropy.getrandbits(64)
         seq.rng_state = seed & _MASK64
         with self._lock:
-            if len(self.waiting) >= self.max_waiting:
+            if self.full():
                 raise QueueFull(f"{len(self.waiting)} requests are already waiting")
             self.waiting.append(seq)
             self._lock.notify()
         return seq
+
+    def full(self) -> bool:
+        """Whether a request added now is refused (QueueFull): `max_waiting` wait besides those
+        that the running batch's free places take at the next step. (A finished sequence's
+        place may stay free for a step or two - its successor's prompt waits for the step's
+        token budget - and a client that sends its next request at once must not be refused
+        for that.) Read without the lock by the server, to refuse before tokenizing."""
+        free = max(0, self.max_running - len(self.running))
+        return len(self.waiting) >= self.max_waiting + free
 
     def kept_tokens(self, seq_id: int) -> list[int]:
         """The tokens whose KV a finished sequence kept (KeyError when none is kept)."""

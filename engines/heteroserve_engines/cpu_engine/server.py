@@ -4,7 +4,8 @@ Routes: /v1/completions, /v1/chat/completions (streaming and not), /v1/models, /
 /metrics. Errors use OpenAI's shape: 400 naming the bad parameter (or a parameter the engine
 does not do: `refuse_unsupported`), 404 `model_not_found`, 400 `context_length_exceeded` for
 prompts longer than the context, 413 for a body over `--max-body-bytes` (answered before the
-rest is read), 429 when the queue is full, 503 while draining, and a 500 of the same shape with
+rest is read), 429 when the queue is full (checked before the body is parsed, so that refusals
+are cheap under overload), 503 while draining, and a 500 of the same shape with
 `Connection: close` for anything unexpected. A client that disconnects frees its sequence at
 once. Tokenizing runs on worker threads, so a long prompt never holds up the event loop.
 
@@ -184,6 +185,11 @@ class Prepared:
     sampling: SamplingParams
 
 
+def queue_full(reason: str) -> ApiError:
+    return ApiError(429, f"the engine is at capacity: {reason}; retry later", code="queue_full",
+                    headers={"Retry-After": "1"})
+
+
 def _logprob(value: float) -> float:
     return max(value, LOGPROB_FLOOR)
 
@@ -292,8 +298,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
             if started is not None:
                 started.append(seq)
         except QueueFull as error:
-            raise ApiError(429, f"the engine is at capacity: {error}; retry later",
-                           code="queue_full", headers={"Retry-After": "1"}) from None
+            raise queue_full(str(error)) from None
         except PromptTooLong as error:
             raise ApiError(400, str(error), param="prompt", code="context_length_exceeded") \
                 from None
@@ -330,7 +335,12 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
 
     async def respond(request: Request, chat: bool) -> Response:
         drain.refuse_new()
-        req = _parse(ChatRequest if chat else CompletionRequest, parse_body(await request.body()))
+        body = await request.body()
+        if served.engine.full():
+            # Refused before the body is parsed and tokenized: under overload a 429 must cost
+            # the engine's core next to nothing (tests/bench/engine_overload.py).
+            raise queue_full(f"{len(served.engine.waiting)} requests are already waiting")
+        req = _parse(ChatRequest if chat else CompletionRequest, parse_body(body))
         check_model(req)
         refuse_unsupported(req)
         prepared = await asyncio.to_thread(prepare, req, chat)
