@@ -9,6 +9,7 @@ import contextlib
 import gzip
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -381,6 +382,21 @@ def test_served_request_goes_to_the_least_loaded_upstream_and_is_tagged() -> Non
         assert metric(service, "heteroserve_router_requests_total", tier="accelerator",
                       reason="policy_accelerator", outcome="success") == 1
     assert engines.hosts() == [ACC_B]
+
+
+def test_the_routers_own_time_is_measured_and_logged(caplog) -> None:
+    """heteroserve_router_overhead_seconds and the log line's overhead: the router's share
+    of the time to the first byte, a small positive number for every relayed request."""
+    caplog.set_level(logging.INFO, logger="heteroserve.router")
+    with router() as (http, service, _):
+        for _ in range(3):
+            assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}
+                             ).status_code == 200
+        count = metric(service, "heteroserve_router_overhead_seconds_count", tier="accelerator")
+        total = metric(service, "heteroserve_router_overhead_seconds_sum", tier="accelerator")
+    assert count == 3 and 0 < total < 3 * 0.5
+    logged = [float(m) for m in re.findall(r"overhead=([0-9.]+)ms", caplog.text)]
+    assert len(logged) == 3 and all(0 < value < 500 for value in logged)
 
 
 def test_served_model_name_is_rewritten() -> None:

@@ -11,6 +11,8 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064,
+                    0.128)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56,
                    5.12, 10.24, 20.48, 40.96, 81.92)
 
@@ -65,6 +67,10 @@ class RouterMetrics:
         self.ttft = Histogram(
             "heteroserve_router_time_to_first_token_seconds", "Arrival to the first body byte "
             "from the upstream", ["tier"], buckets=LATENCY_BUCKETS, registry=r)
+        self.overhead = Histogram(
+            "heteroserve_router_overhead_seconds", "The router's own share of the time to the "
+            "first byte: from arrival to its first upstream request, plus from the upstream's "
+            "first bytes to their relay", ["tier"], buckets=OVERHEAD_BUCKETS, registry=r)
         self.inter_token = Histogram(
             "heteroserve_router_inter_token_latency_seconds", "Between streamed chunks",
             ["tier"], buckets=LATENCY_BUCKETS, registry=r)

@@ -38,6 +38,7 @@ class Relay:
         self.error_detail = ""
         self._aborted = False
         self._pump: asyncio.Task | None = None
+        self.first_received: float | None = None  # when the upstream's first bytes came
 
     def abort(self, error: ApiError) -> None:
         """Ends the relay from outside at once: the client gets `error` as a final event."""
@@ -51,6 +52,8 @@ class Relay:
     async def _read(self) -> None:
         try:
             async for chunk in self.response.aiter_raw():
+                if self.first_received is None:
+                    self.first_received = time.monotonic()
                 await self.queue.put(chunk)
         except Exception as error:  # any failure ends the stream the same way
             if self.error is None:

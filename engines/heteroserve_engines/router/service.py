@@ -69,6 +69,8 @@ class Attempt:
     status: int = 0
     first_chunk: float | None = None
     last_chunk: float | None = None
+    first_sent: float | None = None  # the first upstream request's send
+    overhead: float | None = None  # the router's own share of the TTFT (_relay_ended)
     tiers_tried: list[str] = field(default_factory=list)
 
 
@@ -309,6 +311,8 @@ class RouterService:
         relayed = False
         try:
             request = self._upstream_request(upstream, payload, stream, attempt)
+            if attempt.first_sent is None:
+                attempt.first_sent = self.clock()
             try:
                 response = await _race(self.client.send(request, stream=True), disconnected)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
@@ -371,6 +375,13 @@ class RouterService:
             log.warning("request %s: %s stream from %s broke: %s", attempt.id, upstream.tier,
                         upstream.url, relay.error_detail)
         self.metrics.e2e.labels(upstream.tier).observe(self.clock() - attempt.arrival)
+        if attempt.first_sent is not None and attempt.first_chunk is not None \
+                and relay.first_received is not None:
+            # The router's own share of the time to the first byte: before its first upstream
+            # request, and between the upstream's first bytes and their relay.
+            attempt.overhead = (attempt.first_sent - attempt.arrival
+                                + attempt.first_chunk - relay.first_received)
+            self.metrics.overhead.labels(upstream.tier).observe(attempt.overhead)
         self._finish(attempt, relay.outcome, attempt.status)
 
     def _finish(self, attempt: Attempt, outcome: str, status: int) -> None:
@@ -379,11 +390,12 @@ class RouterService:
         self.metrics.requests.labels(attempt.tier, reason, outcome).inc()
         ttft = (f"{attempt.first_chunk - attempt.arrival:.3f}s" if attempt.first_chunk
                 else "-")
+        overhead = f"{attempt.overhead * 1e3:.3f}ms" if attempt.overhead is not None else "-"
         log.info("request %s %s policy=%s tier=%s reason=%s mode=%s tried=%s status=%d "
-                 "outcome=%s ttft=%s e2e=%.3fs", attempt.id, attempt.kind, self.config.policy,
-                 attempt.tier, reason, decision.mode if decision else "-",
+                 "outcome=%s ttft=%s e2e=%.3fs overhead=%s", attempt.id, attempt.kind,
+                 self.config.policy, attempt.tier, reason, decision.mode if decision else "-",
                  ",".join(attempt.tiers_tried) or "-", status, outcome, ttft,
-                 self.clock() - attempt.arrival)
+                 self.clock() - attempt.arrival, overhead)
 
 
 def _json_object(body: bytes) -> dict:
