@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import secrets
+import socket
 import sys
 
 import kopf
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, start_http_server
 
 from .kube import KubeApi
+from .peering import Peering, PeeringGate, ensure_peering_objects, random_priority
 from .reconcile import Reconciler
 from .settings import OperatorSettings
 from .workqueue import WorkQueue
@@ -37,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peering", default=None,
                         help="KopfPeering name for HA (several replicas, one active); "
                         "default: standalone")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority (the highest live one acts); default: random, so "
+                        "that replicas of one Deployment do not tie (kopf pauses all on a tie)")
     parser.add_argument("--verbose", "-v", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -48,20 +54,44 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry()
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
-    reconciler = Reconciler(KubeApi(api_client(), registry), registry,
-                            facts_ttl_seconds=settings.facts_ttl_seconds)
-    queue = WorkQueue(reconciler.reconcile_by_name, settings.workers,
+    kube = KubeApi(api_client(), registry)
+    reconciler = Reconciler(kube, registry, facts_ttl_seconds=settings.facts_ttl_seconds)
+    peering = None
+    if args.peering is not None:
+        priority = args.priority if args.priority is not None else random_priority()
+        identity = os.environ.get("POD_ID") or \
+            f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+        peering = Peering(args.peering, identity, priority, tuple(args.namespace))
+        ensure_peering_objects(kube, peering)
+        logging.getLogger(__name__).info("peering %r as %s with priority %d", args.peering,
+                                         identity, priority)
+    gate = PeeringGate(kube, peering)
+
+    def reconcile_if_active(namespace: str, name: str):
+        # A replica that kopf paused gets no watch events, but its queue may hold keys from
+        # before the pause.
+        return reconciler.reconcile_by_name(namespace, name) if gate.active() else None
+
+    resyncs = Counter("heteroserve_operator_resyncs", "Periodic resyncs; acted=false: skipped "
+                      "by a paused peering replica", ["acted"], registry=registry)
+    queue = WorkQueue(reconcile_if_active, settings.workers,
                       settings.min_reconcile_interval_seconds)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
+    kopf_settings = kopf.OperatorSettings()
+    # Set before kopf starts: its first keep-alive already carries the lifetime.
+    kopf_settings.peering.lifetime = settings.peering_lifetime_seconds
     kopf.run(
+        settings=kopf_settings,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.peering is None,
         peering_name=args.peering,
-        priority=args.priority,
+        priority=peering.priority if peering else 0,
+        identity=peering.identity if peering else None,
         liveness_endpoint=settings.liveness_endpoint,
-        memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings),
+        memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings, gate=gate,
+                       resyncs=resyncs),
     )
     return 0
 

@@ -48,9 +48,14 @@ async def _resync(memo: kopf.Memo) -> None:
     while True:
         await asyncio.sleep(memo.settings.resync_seconds)
         try:
+            # A paused peer (kopf's watches stopped, another replica acts) resyncs nothing.
+            if not await loop.run_in_executor(None, memo.gate.active):
+                memo.resyncs.labels("false").inc()
+                continue
             items = await loop.run_in_executor(None, memo.reconciler.kube.list_all_owners)
             for namespace, name in items:
                 memo.queue.add(namespace, name)
+            memo.resyncs.labels("true").inc()
         except Exception:
             log.exception("periodic resync failed; retrying at the next interval")
 

@@ -21,5 +21,9 @@ class OperatorSettings:
     facts_ttl_seconds: float = 10.0
     # Port of the Prometheus /metrics endpoint (0: none).
     metrics_port: int = 8080
+    # Seconds a replica's keep-alive in the peering object counts (kopf's default is 60). A
+    # replica killed without notice is presumed dead this long after its last keep-alive, so
+    # this bounds the hand-over; keep-alives are sent every lifetime minus 5..10 s.
+    peering_lifetime_seconds: int = 20
     # host:port of kopf's liveness endpoint (/healthz), or None.
     liveness_endpoint: str | None = "http://0.0.0.0:8081/healthz"

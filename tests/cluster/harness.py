@@ -87,6 +87,8 @@ class ControlPlane:
     kubeconfig: Path = field(init=False)
     ports: dict[str, int] = field(default_factory=dict)
     _procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    # What each component was started with, for restarts: name -> (binary, arguments).
+    _commands: dict[str, tuple[Path, list[str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()
@@ -259,6 +261,52 @@ class ControlPlane:
             "--node-lease-duration-seconds=40",
         ], binary=Path(kwok))
 
+    # -- faults --------------------------------------------------------------------------------
+    def restart_apiserver(self, sig: int = signal.SIGKILL, down_seconds: float = 0.0) -> float:
+        """Stops kube-apiserver with `sig`, keeps it down `down_seconds`, starts it again with
+        the same arguments (etcd keeps the state) and returns when /readyz answers 200; returns
+        the seconds from the signal to ready."""
+        if "kube-apiserver" not in self._commands:
+            raise HarnessError("restart_apiserver needs a control plane this harness started "
+                               f"(not one attached through {EXISTING_CLUSTER_ENV})")
+        started = time.monotonic()
+        index, proc = next((i, p) for i, (name, p) in enumerate(self._procs)
+                           if name == "kube-apiserver")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+        del self._procs[index]
+        self._forget_pid(proc.pid)
+        time.sleep(down_seconds)
+        binary, args = self._commands["kube-apiserver"]
+        self._spawn("kube-apiserver", args, binary=binary)
+        # Keep the start order: stop() goes in reverse, the apiserver before etcd.
+        self._procs.insert(index, self._procs.pop())
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        user, cluster = admin["users"][0]["user"], admin["clusters"][0]["cluster"]
+        tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        tls.load_cert_chain(user["client-certificate"], user["client-key"])
+        self._wait("kube-apiserver", lambda: httpx.get(
+            f"{cluster['server']}/readyz", verify=tls, timeout=2).status_code == 200,
+            timeout=120)
+        return time.monotonic() - started
+
+    def _forget_pid(self, pid: int) -> None:
+        path = self.workdir / "pids"
+        kept = [line for line in path.read_text().splitlines()
+                if line.partition(" ")[0] != str(pid)]
+        path.write_text("".join(f"{line}\n" for line in kept))
+
+    def install_kopf_peering_crds(self) -> None:
+        """kopf's peering CRDs, as the chart installs them with peering enabled."""
+        manifest = subprocess.run(
+            [str(BIN / "helm"), "template", "heteroserve", str(REPO / "charts" / "heteroserve"),
+             "--set", "peering.enabled=true", "--show-only", "templates/peering.yaml"],
+            capture_output=True, text=True, check=True, timeout=60).stdout
+        self.kubectl("apply", "--server-side", "-f", "-", stdin=manifest)
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     "crd/clusterkopfpeerings.kopf.dev", "crd/kopfpeerings.kopf.dev")
+
     # -- helpers -------------------------------------------------------------------------------
     def _write_kubeconfig(self, name: str, server: str, ca: Path, pair) -> Path:
         config = {
@@ -279,6 +327,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, args: list[str], binary: Path | None = None) -> None:
         binary = binary or BIN / name
+        self._commands[name] = (binary, args)
         if not binary.exists():
             raise HarnessError(f"{binary} is missing; run tests/cluster/build-tools.sh")
         logfile = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child

@@ -33,23 +33,42 @@ def wait_for(predicate, timeout: float = 60, interval: float = 0.2, what: str = 
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, logdir: Path):
+    """`extra_args`: more command-line arguments (e.g. --peering NAME --priority N); `name`
+    prefixes the log files (operator-1.log, operator-2.log, ... one per start)."""
+
+    def __init__(self, kubeconfig: Path, logdir: Path, extra_args: tuple[str, ...] = (),
+                 name: str = "operator"):
         self.kubeconfig, self.logdir = kubeconfig, logdir
+        self.extra_args, self.name = extra_args, name
         self.proc: subprocess.Popen | None = None
         self.metrics_port = 0
         self.starts = 0
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """`wait`: return once the metrics endpoint answers (the process has parsed its
+        arguments and is connecting); else at once."""
         self.metrics_port = free_port()
         self.starts += 1
-        log = open(self.logdir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
+        self.log_path = self.logdir / f"{self.name}-{self.starts}.log"
+        log = open(self.log_path, "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "heteroserve_operator", "--metrics-port",
-             str(self.metrics_port), "--liveness", "", "--resync-seconds", "10"],
+             str(self.metrics_port), "--liveness", "", "--resync-seconds", "10",
+             *self.extra_args],
             env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        wait_for(self._metrics_up, 30, what="the operator's metrics endpoint")
+        if wait:
+            wait_for(self._metrics_up, 30, what="the operator's metrics endpoint")
+
+    def kill(self) -> None:
+        """SIGKILL: no clean-up, no last keep-alive, as when a node dies."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _metrics_up(self) -> bool:
         if self.proc.poll() is not None:

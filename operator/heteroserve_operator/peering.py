@@ -1,0 +1,113 @@
+"""Which replica acts when several run with kopf peering (high availability).
+
+kopf keeps a peering object whose status lists every replica (identity -> priority, lifetime,
+lastseen) and pauses its watches in every replica but the one of the highest priority; while two
+live replicas share the top priority it pauses all of them. The operator's own periodic resync
+and its work queue run outside kopf's handlers, so they ask the same question of the same object
+before acting (`PeeringGate.active`). A replica killed without notice stays listed until its
+`lastseen + lifetime` passes; then the next one takes over.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .kube import ApiError, KubeApi
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION = "kopf.dev", "v1"
+CLUSTER_PLURAL, NAMESPACED_PLURAL = "clusterkopfpeerings", "kopfpeerings"
+
+
+def random_priority() -> int:
+    """A priority for a replica started without one: replicas of one Deployment share their
+    arguments, and kopf pauses every replica when two live ones share the top priority."""
+    return 1 + secrets.randbelow(2**31 - 2)
+
+
+def _parse_time(value: str) -> dt.datetime:
+    parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def outranked(peers: dict[str, Any], identity: str, priority: int, now: dt.datetime) -> bool:
+    """kopf's rule: another live peer (lastseen + lifetime still ahead) with a priority at
+    least ours pauses us."""
+    for other, info in (peers or {}).items():
+        if other == identity or not isinstance(info, dict) or "lastseen" not in info:
+            continue
+        deadline = _parse_time(info["lastseen"]) + dt.timedelta(
+            seconds=int(info.get("lifetime", 60)))
+        if deadline > now and int(info.get("priority", 0)) >= priority:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Peering:
+    name: str
+    identity: str
+    priority: int
+    # Watched namespaces; empty: cluster-wide (a ClusterKopfPeering).
+    namespaces: tuple[str, ...] = ()
+
+    def paths(self) -> list[str]:
+        if not self.namespaces:
+            return [f"/apis/{GROUP}/{VERSION}/{CLUSTER_PLURAL}/{self.name}"]
+        return [f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{NAMESPACED_PLURAL}/{self.name}"
+                for ns in self.namespaces]
+
+
+def ensure_peering_objects(kube: KubeApi, peering: Peering) -> None:
+    """Creates the peering object(s) kopf keeps its keep-alives in (kopf patches them, never
+    creates them); an existing one is left as it is."""
+    for path in peering.paths():
+        collection, _, name = path.rpartition("/")
+        kind = "ClusterKopfPeering" if not peering.namespaces else "KopfPeering"
+        meta: dict[str, Any] = {"name": name}
+        if peering.namespaces:
+            meta["namespace"] = collection.split("/namespaces/")[1].split("/")[0]
+        try:
+            kube.request("POST", collection, body={"apiVersion": f"{GROUP}/{VERSION}",
+                                                   "kind": kind, "metadata": meta})
+        except ApiError as error:
+            if error.status != 409:
+                raise
+
+
+class PeeringGate:
+    """`active()`: whether this replica may act now; None peering: always. The answer is read
+    from the apiserver at most once per `ttl` seconds."""
+
+    def __init__(self, kube: KubeApi, peering: Peering | None, ttl: float = 1.0):
+        self.kube, self.peering, self.ttl = kube, peering, ttl
+        self._lock = threading.Lock()
+        self._answer, self._at = False, -float("inf")
+
+    def active(self) -> bool:
+        if self.peering is None:
+            return True
+        with self._lock:
+            if time.monotonic() - self._at >= self.ttl:
+                self._answer = self._read()
+                self._at = time.monotonic()
+            return self._answer
+
+    def _read(self) -> bool:
+        now = dt.datetime.now(dt.UTC)
+        try:
+            for path in self.peering.paths():
+                peers = self.kube.request("GET", path).get("status", {}) or {}
+                if outranked(peers, self.peering.identity, self.peering.priority, now):
+                    return False
+        except Exception as error:  # an unreadable peering object means: do not act
+            log.warning("cannot read the peering object (%s); not acting until it can", error)
+            return False
+        return True
