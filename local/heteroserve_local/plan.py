@@ -18,6 +18,7 @@ the path must exist here as it is in the pod). Then:
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -224,12 +225,13 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
             paths[mount["mountPath"]] = local
             files.update({f"{local}/{key}": value
                           for key, value in options.secrets[name_].items()})
-    argv = [_local_path(a, paths) for a in [*container["command"], *container.get("args", [])]]
+    # HOME stays the user's: the pod's /tmp is there for a non-root image user.
+    env = {e["name"]: _local_value(name, e, paths) for e in container.get("env", [])
+           if e["name"] != "HOME"}
+    argv = [_expand(_local_path(a, paths), env)
+            for a in [*container["command"], *container.get("args", [])]]
     if tier is not None:  # engines listen on loopback only; the router is the endpoint
         argv = [LOOPBACK if a == ANY_ADDRESS else a for a in argv]
-    # HOME stays the user's: the pod's /tmp is there for a non-root image user.
-    env = {e["name"]: _local_path(e["value"], paths) for e in container.get("env", [])
-           if e["name"] != "HOME"}
     probe = container.get("readinessProbe", {})
     health = (f"http://{health_host}:{port}{probe['httpGet']['path']}" if "httpGet" in probe
               else f"tcp://{health_host}:{port}")
@@ -245,6 +247,26 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
                             "(pip install heteroserve)")
         process = _replace_argv0(process, found)
     return process
+
+
+# The pod fields a container may read through the downward API, as they are on this machine.
+LOCAL_FIELDS = {"status.podIP": LOOPBACK, "status.hostIP": LOOPBACK}
+
+
+def _local_value(process: str, entry: dict[str, Any], paths: dict[str, str]) -> str:
+    if "value" in entry:
+        return _local_path(entry["value"], paths)
+    path = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    if path not in LOCAL_FIELDS:
+        raise PlanError(f"the {process} process reads {entry['name']} from "
+                        f"{entry.get('valueFrom')}, which a local run cannot provide")
+    return LOCAL_FIELDS[path]
+
+
+def _expand(arg: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` references in a command or argument, from the container's env
+    (an unknown one stays as written, as the kubelet leaves it)."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
 
 
 def _replace_argv0(process: LocalProcess, path: str) -> LocalProcess:

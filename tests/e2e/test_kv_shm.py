@@ -45,8 +45,10 @@ def engines(tmp_path_factory, shm_dirs):
     started = []
     try:
         for index, folder in enumerate((shared, shared, own)):
+            # The exporter advertises its address, as a pod does its IP.
+            advertise = ("--kv-advertise-host", "127.0.0.1") if index == 0 else ()
             started.append(start_engine(tmp_path_factory.mktemp(f"engine{index}"), *common,
-                                        "--kv-shm-dir", str(folder),
+                                        "--kv-shm-dir", str(folder), *advertise,
                                         env=ONE_CORE[min(index, 1)]))
         yield started
     finally:
@@ -107,3 +109,13 @@ def test_a_missing_directory_is_a_clear_start_up_error(tmp_path):
         stop_engine(engine)
     assert "--kv-shm-dir" in engine.log.read_text() and "no such directory" in \
         engine.log.read_text()
+
+
+def test_the_exporter_answers_the_address_it_advertises(engines):
+    """--kv-advertise-host: the answer carries it (a decode engine in another pod pulls from
+    there); an engine without it leaves the address to the router."""
+    exporter, decoder, _ = engines
+    for engine, expected in ((exporter, "127.0.0.1"), (decoder, None)):
+        answer = chat(url(engine), "Hi", 1, kv_transfer_params={"do_remote_decode": True})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["kv_transfer_params"]["remote_host"] == expected

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -68,10 +69,15 @@ def container_process(pod: dict, container: dict, configmaps: dict[str, dict], r
         for key, text in data.items():
             (directory / key).write_text(text)
         rewrites[mount["mountPath"]] = str(directory)
+    # The downward API's pod IP is loopback here; `$(VAR)` in arguments is expanded from the
+    # container's env, as the kubelet does.
+    env = {e["name"]: e["value"] if "value" in e else
+           {"status.podIP": "127.0.0.1"}[e["valueFrom"]["fieldRef"]["fieldPath"]]
+           for e in container.get("env", [])}
     argv = [*container.get("command", []), *container.get("args", [])]
     for old, new in rewrites.items():
         argv = [arg.replace(old, new) for arg in argv]
-    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    argv = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg) for arg in argv]
     return argv, env
 
 

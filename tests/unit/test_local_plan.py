@@ -231,6 +231,13 @@ def test_both_builtin_engines_get_this_runs_kv_token_file():
         local_plan(spec(**BUILTIN_PD))
 
 
+def test_the_prefill_engine_advertises_loopback_for_its_pod_ip():
+    """The pod's `$(POD_IP)` (downward API) is this machine's loopback in a local run."""
+    prefill = by_name(local_plan(spec(**BUILTIN_PD), secrets=TOKEN))["prefill"]
+    assert prefill.argv[prefill.argv.index("--kv-advertise-host") + 1] == "127.0.0.1"
+    assert prefill.env["POD_IP"] == "127.0.0.1"
+
+
 def test_upstreams_must_name_a_tier_of_the_spec():
     cpu_only = default_spec(NodeTopology.uniform("box", 1, 2), MODEL)
     with pytest.raises(PlanError, match="no prefill section"):

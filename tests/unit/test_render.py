@@ -286,6 +286,23 @@ def test_only_builtin_pairs_mount_the_kv_token_and_hand_kv_over(kinds, handoff):
                 assert all(m["name"] != "kv-token" for m in container["volumeMounts"])
 
 
+@pytest.mark.parametrize(("kinds", "handoff"), PAIRS.items(), ids=["+".join(k) for k in PAIRS])
+def test_the_exporting_engine_advertises_its_pod_ip(kinds, handoff):
+    """The router sidecar reaches the prefill engine on loopback; the decode engine, in
+    another pod, pulls the KV from the address the engine advertises: its pod IP, from the
+    downward API."""
+    rendered = render(pair(*kinds), OWNER, FACTS)
+    prefill = engine_of(pod_specs(rendered)["m-prefill"])
+    pod_ip = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    if not handoff:
+        assert "--kv-advertise-host" not in prefill["args"] and pod_ip not in prefill["env"]
+        return
+    at = prefill["args"].index("--kv-advertise-host")
+    assert prefill["args"][at + 1] == "$(POD_IP)" and pod_ip in prefill["env"]
+    decode = engine_of(pod_specs(rendered)["m-decode"])
+    assert "--kv-advertise-host" not in decode["args"]
+
+
 def test_cpu_only_and_accelerator_only_deployments_have_no_kv_token():
     cpu_only = render(spec(), OWNER, FACTS)
     assert cpu_only.kv_token_secret is None

@@ -358,6 +358,29 @@ def test_policy_split_is_501() -> None:
     assert engines.calls == []
 
 
+@pytest.mark.parametrize(("advertised", "pulled_from"), [
+    ("10.1.2.3", "10.1.2.3"),  # the engine's pod IP (--kv-advertise-host)
+    (None, "acc-a"),  # no advertised address: the one the router reached the engine at
+])
+def test_split_passes_the_prefill_engines_address_to_the_decode(advertised, pulled_from) -> None:
+    """A router sidecar reaches its prefill engine on loopback; a decode engine in another pod
+    must pull from the engine's own address, so the router keeps the one the engine gives."""
+    params = {"do_remote_prefill": True, "remote_engine_id": "e1", "remote_handle": "h" * 24,
+              "remote_host": advertised, "remote_port": 8001}
+
+    def prefill(request: httpx.Request) -> httpx.Response:
+        return answer(200, {**COMPLETION_BODY, "kv_transfer_params": params})
+
+    cfg = config(policy="split", accelerator={"urls": [ACC_A], "kvExport": True},
+                 cpu={"urls": [CPU_A], "kvImport": True})
+    engines = FakeEngines(answers={ACC_A: [prefill]})
+    with router(cfg, engines) as (http, _, _):
+        assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
+    decode = [payload for base, payload in engines.calls if base == CPU_A]
+    assert decode[0]["kv_transfer_params"]["remote_host"] == pulled_from
+    assert decode[0]["kv_transfer_params"]["remote_port"] == 8001
+
+
 def test_draining_router_refuses_with_503() -> None:
     with router() as (http, service, engines):
         service.draining = True

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "prefill engine, and keeping KV for a pull)")
     parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
                         help="seconds a kept KV waits for its pull before it is freed")
+    parser.add_argument("--kv-advertise-host", default=None,
+                        help="the address decode engines pull this engine's KV from (default: "
+                        "the one the router reached it at; in a pod whose router sidecar uses "
+                        "loopback, the pod IP)")
     parser.add_argument("--kv-shm-dir", default=None,
                         help="a memory-backed directory shared with the prefill engine (same "
                         "node): KV hand-offs go through it instead of TCP when both mount it")
@@ -113,7 +117,8 @@ def kv_handoff(args: argparse.Namespace, reader, config, engine, registry):
     shape = ModelShape(model_fingerprint(weights_identity(reader)),
                        "neox" if config.rope_neox else "adjacent", config.n_layer,
                        config.n_head_kv, config.head_dim)
-    exports = KvExports(token, args.kv_handle_timeout, shm_dir=shm_directory(args.kv_shm_dir))
+    exports = KvExports(token, args.kv_handle_timeout, shm_dir=shm_directory(args.kv_shm_dir),
+                        advertise_host=args.kv_advertise_host)
     return KvHandoff(engine, shape, exports, port=args.port, registry=registry)
 
 

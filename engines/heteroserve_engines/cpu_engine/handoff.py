@@ -76,4 +76,5 @@ class KvHandoff:
         handle = self.exports.add(header, lambda layer: engine.kept_layer(seq_id, layer),
                                   lambda: engine.release_kv(seq_id))
         return KvTransferParams(do_remote_prefill=True, remote_engine_id=self.exports.engine_id,
-                                remote_handle=handle, remote_port=self.port)
+                                remote_handle=handle, remote_host=self.exports.advertise_host,
+                                remote_port=self.port)

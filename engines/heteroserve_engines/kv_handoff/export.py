@@ -87,8 +87,13 @@ class KvExports:
     """The handles of one engine. Methods run on the event loop."""
 
     def __init__(self, token: bytes | None, timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 engine_id: str | None = None, shm_dir: str | Path | None = None):
+                 engine_id: str | None = None, shm_dir: str | Path | None = None,
+                 advertise_host: str | None = None):
         self.token, self.timeout = token, timeout
+        # The address decode engines pull from (`remote_host`): this pod's IP in a cluster,
+        # where the router may reach this engine on loopback (its sidecar). None: the router
+        # fills in the address it used.
+        self.advertise_host = advertise_host or None
         self.engine_id = engine_id or secrets.token_hex(8)
         self.handles: dict[str, KeptExport] = {}
         self.shm_dir = Path(shm_dir) if shm_dir else None

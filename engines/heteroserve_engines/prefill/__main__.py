@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="file holding the deployment's KV token: enables KV export")
     parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
                         help="seconds an unpulled KV export is kept")
+    parser.add_argument("--kv-advertise-host", default=None,
+                        help="the address decode engines pull this engine's KV from (default: "
+                        "the one the router reached it at; in a pod whose router sidecar uses "
+                        "loopback, the pod IP)")
     parser.add_argument("--kv-shm-dir", default=None,
                         help="a memory-backed directory shared with the decode engine (same "
                         "node): it pulls KV through a file there instead of over TCP")
@@ -146,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     name = args.served_model_name or os.path.basename(path).split(".")[0]
     try:
         exports = KvExports(token, timeout=args.kv_handle_timeout,
-                            shm_dir=shm_directory(args.kv_shm_dir))
+                            shm_dir=shm_directory(args.kv_shm_dir),
+                            advertise_host=args.kv_advertise_host)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -45,5 +45,6 @@ def export_kept(exports: KvExports, engine: PrefillEngine, description: KvDescri
                          lambda layer: engine.read_kv(seq.id, layer),
                          lambda: engine.release_kv(seq.id))
     return KvTransferParams(do_remote_prefill=True, remote_engine_id=exports.engine_id,
-                            remote_handle=handle, remote_host=None, remote_port=port,
+                            remote_handle=handle, remote_host=exports.advertise_host,
+                            remote_port=port,
                             remote_block_ids=None)

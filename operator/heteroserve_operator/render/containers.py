@@ -39,7 +39,9 @@ def engine_container(engine: EngineContainer, resources: dict[str, Any],
         "args": list(engine.args),
         "ports": [{"name": port_name, "containerPort": engine.port, "protocol": "TCP"}],
         # HOME: engines cache under $HOME, and the image's root home is not writable as non-root.
-        "env": env_list({"HOME": "/tmp", **engine.env}),
+        "env": env_list({"HOME": "/tmp", **engine.env}) + [
+            {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+            for name, path in sorted(engine.field_env.items())],
         "resources": resources,
         "volumeMounts": extra_mounts + list(engine.mounts),
         "startupProbe": probe(port_name, engine.health_path, 10,

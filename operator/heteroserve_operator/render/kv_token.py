@@ -35,6 +35,21 @@ def engine_args(spec: InferenceDeploymentSpec) -> list[str]:
     return ["--kv-token-file", TOKEN_PATH] if kv_handoff(spec) else []
 
 
+# The prefill engine advertises its pod IP as the address to pull KV from: the router sidecar
+# beside it reaches it on loopback, which a decode engine in another pod cannot use.
+POD_IP_ENV = "POD_IP"
+
+
+def export_args(spec: InferenceDeploymentSpec) -> list[str]:
+    """The exporting (prefill) engine's flags beyond the token's."""
+    return ["--kv-advertise-host", f"$({POD_IP_ENV})"] if kv_handoff(spec) else []
+
+
+def export_env(spec: InferenceDeploymentSpec) -> dict[str, str]:
+    """`POD_IP` from the downward API, for `export_args`."""
+    return {POD_IP_ENV: "status.podIP"} if kv_handoff(spec) else {}
+
+
 def secret_name(owner: meta.Owner) -> str:
     return f"{owner.name}-kv-token"
 

@@ -17,6 +17,8 @@ class EngineContainer:
     args: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
+    # Variables from the pod's own fields (the downward API): name -> fieldPath.
+    field_env: dict[str, str] = field(default_factory=dict)
     # Path answering 200 once the model is loaded; None: a TCP check.
     health_path: str | None = "/health"
     # Where the engine lists its models (KsanaLLM: /models, without /v1).

@@ -21,10 +21,11 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
               "--tensor-parallel-size", str(spec.prefill.accelerator.count),
               "--max-model-len", str(spec.model.max_model_len),
               "--host", "0.0.0.0", "--port", str(engine.port or PREFILL_PORT),
-              *kv_token.engine_args(spec),
+              *kv_token.engine_args(spec), *kv_token.export_args(spec),
               *same_node.engine_args(spec), *engine.args],
         port=engine.port or PREFILL_PORT,
         env={**accelerator.env, **user_env(engine.env)},
+        field_env=kv_token.export_env(spec),
         shm_size=engine.shm_size or "8Gi",
         kv_token=kv_token.kv_handoff(spec),
     )
