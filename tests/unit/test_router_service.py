@@ -216,6 +216,8 @@ def test_body_at_the_limit_is_served() -> None:
     pytest.param(json.dumps({"model": MODEL}).encode(), "messages", id="no-messages"),
     pytest.param(json.dumps({**CHAT, "temperature": 9}).encode(), "temperature",
                  id="temperature-out-of-range"),
+    pytest.param(b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+                 "messages.0.content", id="lone-surrogate"),
 ])
 def test_invalid_request_is_400(body: bytes, param: str | None) -> None:
     with router() as (http, service, engines):

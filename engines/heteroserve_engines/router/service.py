@@ -25,6 +25,7 @@ from ..protocol.openai import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    parse_body,
 )
 from ..protocol.router_config import TIERS, RouterConfig
 from .metrics import RouterMetrics
@@ -165,7 +166,7 @@ class RouterService:
         if self.draining:
             raise ApiError(503, "the router is shutting down; retry on another replica",
                            code="shutting_down", headers={"Retry-After": "1"})
-        payload = _json_object(body)
+        payload = parse_body(body)
         request_type = ChatRequest if attempt.kind == "chat" else CompletionRequest
         try:
             request = request_type.model_validate(payload)
@@ -396,18 +397,6 @@ class RouterService:
                  self.config.policy, attempt.tier, reason, decision.mode if decision else "-",
                  ",".join(attempt.tiers_tried) or "-", status, outcome, ttft,
                  self.clock() - attempt.arrival, overhead)
-
-
-def _json_object(body: bytes) -> dict:
-    try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ApiError(400, "the request body is not valid JSON") from None
-    except RecursionError:
-        raise ApiError(400, "the request body is nested too deeply") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return payload
 
 
 async def _race(work: Awaitable[httpx.Response], disconnected: Callable[[], Awaitable[None]]
