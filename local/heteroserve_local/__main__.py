@@ -2,10 +2,12 @@
 
     heteroserve run [-f deployment.yaml] [--port 8010] [--upstream TIER=URL ...]
     heteroserve router --accelerator URL --cpu URL --port 8010 --model NAME
+    heteroserve render -f deployment.yaml [--nodes nodes.yaml | --from-cluster] [-o yaml|json]
 
 `run` serves an InferenceDeployment with the router and its engines as local processes (no
 file: SmolLM2-135M-Instruct on this machine's CPUs); `router` runs the router alone in front of
-engines that already run (the flags of `heteroserve-router`).
+engines that already run (the flags of `heteroserve-router`); `render` prints the children the
+operator would apply for an InferenceDeployment, applying nothing (render_cli.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 import yaml
+
+from . import render_cli
 
 RUN_DOC = """Renders the InferenceDeployment with the operator's render code and runs the router
 and the engines as supervised local processes: CPUs and NUMA nodes come from this machine (the
@@ -54,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default: a temporary directory, removed at exit)")
     run.add_argument("--dry-run", action="store_true",
                      help="print the processes it would start, and start none")
+    render_cli.add_parser(commands)
     commands.add_parser("router", add_help=False,
                         help="the router alone, in front of running engines (the flags of "
                              "heteroserve-router; see `heteroserve router --help`)")
@@ -77,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         return router_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "render":
+        return render_cli.main(args)
     from .plan import PlanError
     from .supervisor import SupervisorError
 
