@@ -14,6 +14,8 @@ import os
 import sys
 import time
 
+from ..kv_handoff import options as kv_options
+
 log = logging.getLogger("heteroserve.cpu_engine")
 
 
@@ -66,18 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "terminationGracePeriodSeconds above it")
     parser.add_argument("--kernels", default="",
                         help="force a kernel variant (tests; default: the best for this CPU)")
-    parser.add_argument("--kv-token-file", default=None,
-                        help="the deployment's KV hand-off token (enables pulling KV from a "
-                        "prefill engine, and keeping KV for a pull)")
-    parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
-                        help="seconds a kept KV waits for its pull before it is freed")
-    parser.add_argument("--kv-advertise-host", default=None,
-                        help="the address decode engines pull this engine's KV from (default: "
-                        "the one the router reached it at; in a pod whose router sidecar uses "
-                        "loopback, the pod IP)")
-    parser.add_argument("--kv-shm-dir", default=None,
-                        help="a memory-backed directory shared with the prefill engine (same "
-                        "node): KV hand-offs go through it instead of TCP when both mount it")
+    kv_options.add_arguments(parser)
     return parser
 
 
@@ -108,18 +99,15 @@ def nrc_from(parser: argparse.ArgumentParser, flag: int | None) -> int:
 
 
 def kv_handoff(args: argparse.Namespace, reader, config, engine, registry):
-    from ..kv_handoff.export import KvExports, load_kv_token, shm_directory
     from ..protocol.kv import model_fingerprint
     from .gguf_file import weights_identity
     from .handoff import KvHandoff, ModelShape
 
-    token = load_kv_token(args.kv_token_file) if args.kv_token_file else None
     shape = ModelShape(model_fingerprint(weights_identity(reader)),
                        "neox" if config.rope_neox else "adjacent", config.n_layer,
                        config.n_head_kv, config.head_dim)
-    exports = KvExports(token, args.kv_handle_timeout, shm_dir=shm_directory(args.kv_shm_dir),
-                        advertise_host=args.kv_advertise_host)
-    return KvHandoff(engine, shape, exports, port=args.port, registry=registry)
+    return KvHandoff(engine, shape, kv_options.exports_from(args), port=args.port,
+                     registry=registry)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from ..kv_handoff import options as kv_options
+
 log = logging.getLogger("heteroserve.prefill")
 
 AUTO_BUDGET_FRACTION = 0.9  # of the device memory free after loading, when the budget is auto
@@ -55,17 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prompt tokens prefilled in one step (at least max-model-len)")
     parser.add_argument("--max-waiting", type=int, default=256,
                         help="requests queued before 429 queue_full")
-    parser.add_argument("--kv-token-file", default=None,
-                        help="file holding the deployment's KV token: enables KV export")
-    parser.add_argument("--kv-handle-timeout", type=float, default=30.0,
-                        help="seconds an unpulled KV export is kept")
-    parser.add_argument("--kv-advertise-host", default=None,
-                        help="the address decode engines pull this engine's KV from (default: "
-                        "the one the router reached it at; in a pod whose router sidecar uses "
-                        "loopback, the pod IP)")
-    parser.add_argument("--kv-shm-dir", default=None,
-                        help="a memory-backed directory shared with the decode engine (same "
-                        "node): it pulls KV through a file there instead of over TCP")
+    kv_options.add_arguments(parser)
     parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                         help="larger request bodies are answered 413 unread (default "
                         f"{MAX_BODY_BYTES})")
@@ -105,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
     from ..cpu_engine.__main__ import default_model
     from ..cpu_engine.gguf_model import ModelFileError
     from ..cpu_engine.tokenizer import GGUFTokenizer
-    from ..kv_handoff.export import KvExports, load_kv_token, shm_directory
     from ..serving_limits import Drain, serve
     from .devices import DTYPES, DeviceError, default_dtype, open_device
     from .engine import PrefillEngine
@@ -116,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from .serving import OpenAIServing, ServedModel
 
     try:
-        token = load_kv_token(args.kv_token_file) if args.kv_token_file else None
+        exports = kv_options.exports_from(args)  # first: a bad token file fails at once
         device = open_device(args.device)
     except (ValueError, DeviceError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -148,13 +139,6 @@ def main(argv: list[str] | None = None) -> int:
              str(dtype).removeprefix("torch."), device, args.activation_quantization,
              pool.budget_tokens, pool.bytes / 2**20, time.monotonic() - started)
     name = args.served_model_name or os.path.basename(path).split(".")[0]
-    try:
-        exports = KvExports(token, timeout=args.kv_handle_timeout,
-                            shm_dir=shm_directory(args.kv_shm_dir),
-                            advertise_host=args.kv_advertise_host)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
     engine = PrefillEngine(model, pool, tokenizer, max_model_len=max_len,
                            max_num_seqs=args.max_num_seqs, max_waiting=args.max_waiting,
                            max_batched_tokens=args.max_num_batched_tokens)
