@@ -78,6 +78,24 @@ def test_node_objects_give_the_same_render_as_the_catalogue(capsys, tmp_path, sa
         sample, "prod", "uid-7")
 
 
+def test_the_catalogue_gives_the_facts_the_operator_reads_on_the_test_cluster():
+    """Each catalogue machine becomes the facts the operator builds from the harness's Node and
+    NodeResourceTopology objects: topology (SMT included), allocatable, labels (less the
+    harness's kwok marker)."""
+    from heteroserve_local.render_cli import facts_from_objects, load_node_objects
+
+    catalogue = load_catalogue()
+    cluster = cluster_facts([n.node_manifest() for n in catalogue],
+                            [n.topology_manifest() for n in catalogue])
+    mine = facts_from_objects("nodes.yaml", *load_node_objects(str(CATALOGUE)))
+    assert [n.name for n in mine.nodes] == [n.name for n in cluster.nodes]
+    for ours, theirs in zip(mine.nodes, cluster.nodes, strict=True):
+        assert ours.topology == theirs.topology
+        assert ours.allocatable == theirs.allocatable
+        assert ours.labels == {k: v for k, v in theirs.labels.items() if k != "type"}
+    assert any(n.topology.threads_per_core == 2 for n in mine.nodes)
+
+
 def test_json_output_is_a_list_of_the_same_children(capsys):
     sample = REPO / "crds" / "samples" / "builtin-gpu-prefill-cpu-decode.yaml"
     as_yaml = rendered(capsys, "-f", str(sample), "--nodes", str(CATALOGUE))
