@@ -11,12 +11,20 @@ from prometheus_client import CollectorRegistry
 from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.api.models import DNS_LABEL_MAX, MAX_NAME_LENGTH
 from heteroserve_operator.kube import KubeApi
+from heteroserve_operator.numa import NumaPlanError
 from heteroserve_operator.reconcile import Reconciler, cluster_facts
 from heteroserve_operator.render import kv_token
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import Owner
 from tests.cluster.catalogue import NRT_GROUP, NRT_PLURAL, NRT_VERSION, load_catalogue
-from tests.fixtures.invalid_specs import BASE, CPU_ONLY, INVALID_NAMES, LONGEST_NAME, VALID_SPECS
+from tests.fixtures.invalid_specs import (
+    BASE,
+    CPU_ONLY,
+    INVALID_NAMES,
+    INVALID_SPECS,
+    LONGEST_NAME,
+    VALID_SPECS,
+)
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
@@ -283,3 +291,58 @@ def test_a_fractional_memory_is_no_drift(cluster, crd_installed, namespace):
         assert again.error is None and again.applied == () and again.pruned == ()
     assert registry.get_sample_value("heteroserve_operator_api_writes_total",
                                      {"verb": "apply", "kind": "Deployment"}) == 1
+
+
+def test_updates_are_held_to_the_rules_and_never_touch_immutable_fields(cluster, crd_installed,
+                                                                        namespace):
+    """The CEL rules judge updates as they judge creates (a refused update leaves the stored
+    object and its generation as they were), and no spec update makes the operator ask the
+    apiserver to change an immutable field of a child: Deployment selectors, and the KV token
+    Secret, which is immutable as a whole."""
+    cluster.kubectl("create", "-f", "-", stdin=_document("upd", namespace, BASE))
+    stored = json.loads(cluster.kubectl("get", "inferencedeployment", "upd", "-n", namespace,
+                                        "-o", "json").stdout)
+    for name, spec, message in INVALID_SPECS:
+        refused = cluster.kubectl("replace", "-f", "-", stdin=_document("upd", namespace, spec),
+                                  check=False)
+        assert refused.returncode != 0, name
+        assert message in refused.stderr, (name, refused.stderr)
+    after = json.loads(cluster.kubectl("get", "inferencedeployment", "upd", "-n", namespace,
+                                       "-o", "json").stdout)
+    assert after["spec"] == stored["spec"]
+    assert after["metadata"]["generation"] == stored["metadata"]["generation"] == 1
+
+    # The children of the stored spec, applied as the operator applies them; then every valid
+    # spec's children as updates of those (server-side dry run).
+    catalogue = load_catalogue()
+    facts = cluster_facts([n.node_manifest() for n in catalogue],
+                          [n.topology_manifest() for n in catalogue])
+    owner = Owner("upd", namespace, stored["metadata"]["uid"])
+    first = render(InferenceDeploymentSpec.model_validate(BASE), owner, facts)
+    for child in first.children:
+        cluster.kubectl("apply", "--server-side", "--field-manager=heteroserve-operator",
+                        "-f", "-", stdin=json.dumps(child))
+    updated = 0
+    for name, spec in [("base", BASE), *VALID_SPECS]:
+        try:
+            rendered = render(InferenceDeploymentSpec.model_validate(spec), owner, facts)
+        except NumaPlanError:
+            continue  # nothing to apply: the status says why
+        updated += 1
+        present = {(c["kind"], c["metadata"]["name"]) for c in first.children}
+        for child in rendered.children:
+            if (child["kind"], child["metadata"]["name"]) not in present:
+                continue
+            result = cluster.kubectl("apply", "--server-side", "--dry-run=server",
+                                     "--force-conflicts", "--field-manager=heteroserve-operator",
+                                     "-f", "-", stdin=json.dumps(child), check=False)
+            assert result.returncode == 0, (name, child["kind"], result.stderr)
+    assert updated >= len(VALID_SPECS) // 2
+
+    # The KV token Secret: created once, never changed; the apiserver refuses a change.
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(kv_token.secret(owner, "first")))
+    secret_name = kv_token.secret_name(owner)
+    changed = cluster.kubectl("patch", "secret", secret_name, "-n", namespace, "--type=merge",
+                              "-p", json.dumps({"stringData": {"token": "second"}}),
+                              check=False)
+    assert changed.returncode != 0 and "field is immutable" in changed.stderr
