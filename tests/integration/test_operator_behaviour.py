@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from heteroserve_operator.kube import KubeApi
 from heteroserve_operator.reconcile import Reconciler
+from heteroserve_operator.render.meta import FIELD_MANAGER
 from tests.fixtures.invalid_specs import INVALID_SPECS
 from tests.integration.conftest import SAMPLES, condition, get_json, wait_for, wait_ready
 
@@ -30,12 +31,21 @@ def apply_sample(cluster, namespace: str) -> dict:
     return wait_ready(cluster, namespace, NAME)
 
 
-def resource_versions(cluster, namespace: str) -> dict[str, str]:
-    versions = {}
-    for ref in (*CHILDREN, f"inferencedeployment/{NAME}"):
-        obj = get_json(cluster, ref, "-n", namespace)
-        versions[ref] = obj["metadata"]["resourceVersion"]
-    return versions
+def resource_versions(cluster, namespace: str) -> dict[str, object]:
+    """What the operator has written: the InferenceDeployment's resourceVersion (nothing else
+    writes it here), and for each child its generation and the operator's managed-field entries
+    (a server-side apply that changes nothing leaves them as they were). Not the children's
+    resourceVersions: the controller-manager keeps writing Deployment and PDB status as pods
+    come and go, which made the comparison flaky without the operator writing anything."""
+    state: dict[str, object] = {}
+    for ref in CHILDREN:
+        meta = get_json(cluster, ref, "-n", namespace)["metadata"]
+        owned = sorted((m.get("operation", ""), m.get("subresource", ""), m.get("time", ""))
+                       for m in meta.get("managedFields", []) if m["manager"] == FIELD_MANAGER)
+        state[ref] = (meta.get("generation"), tuple(owned))
+    owner = f"inferencedeployment/{NAME}"
+    state[owner] = get_json(cluster, owner, "-n", namespace)["metadata"]["resourceVersion"]
+    return state
 
 
 @pytest.mark.parametrize(("name", "spec", "message"), INVALID_SPECS,
