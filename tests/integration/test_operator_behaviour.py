@@ -169,8 +169,32 @@ def test_hundred_reconciles_of_an_unchanged_spec_make_no_writes(cluster, operato
     assert resource_versions(cluster, namespace) == before
 
 
+def rolled_out(cluster, namespace: str) -> bool:
+    """Every child Deployment has every replica updated, ready and available for its current
+    generation: the pod counts that the InferenceDeployment's status reports stop moving."""
+    for ref in CHILDREN:
+        if not ref.startswith("deployment/"):
+            continue
+        obj = get_json(cluster, ref, "-n", namespace)
+        status, want = obj.get("status", {}), obj["spec"]["replicas"]
+        if status.get("observedGeneration") != obj["metadata"]["generation"] or any(
+                status.get(key, 0) != want for key in ("updatedReplicas", "readyReplicas",
+                                                          "availableReplicas", "replicas")):
+            return False
+    return True
+
+
 def test_restarting_the_operator_changes_nothing(cluster, operator, namespace):
     apply_sample(cluster, namespace)
+    wait_for(lambda: rolled_out(cluster, namespace), what="the children to roll out")
+
+    def status_caught_up() -> bool:
+        # The running operator's last status write for the rolled-out pods, before the restart.
+        status = get_json(cluster, "inferencedeployment", NAME, "-n", namespace)["status"]
+        return all(status[tier]["readyReplicas"] == status[tier]["replicas"]
+                   for tier in ("prefill", "decode"))
+
+    wait_for(status_caught_up, what="the status to count every ready replica")
 
     def others() -> list[str]:
         items = json.loads(cluster.kubectl("get", "inferencedeployments", "-A", "-o", "json"
