@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -374,5 +375,10 @@ def main(args: argparse.Namespace) -> int:
     except RenderError as error:
         print(f"heteroserve render: error: {error}", file=sys.stderr)
         return 2
-    sys.stdout.write(format_output(children, summary, args.output))
+    try:
+        sys.stdout.write(format_output(children, summary, args.output))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `heteroserve render ... | head`: the reader left, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0

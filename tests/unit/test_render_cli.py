@@ -241,3 +241,14 @@ def test_the_command_line_exits_2_without_a_traceback(tmp_path):
                             timeout=60)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "metadata.name 'bad.name'" in result.stderr
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`heteroserve render ... | head -1`: the closed pipe ends the command quietly."""
+    sample = REPO / "crds" / "samples" / "syshax-ds-32b.yaml"
+    proc = subprocess.Popen([sys.executable, "-m", "heteroserve_local", "render", "-f",
+                             str(sample), "--nodes", str(CATALOGUE)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, bufsize=0)
+    proc.stdout.close()  # before it writes: its first write meets a closed pipe
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and proc.returncode == 1, err
