@@ -234,12 +234,13 @@ class Reconciler:
             1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
             for e in s.get("endpoints", []) or []
             if (e.get("conditions") or {}).get("ready"))
-        decode_pods: tuple[tuple[str, str], ...] = ()
-        if spec.decode:
-            pods = self.kube.pods(owner.namespace,
-                                  f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT}=decode")
-            decode_pods = tuple((p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods
-                                if p["spec"].get("nodeName")
-                                and not p["metadata"].get("deletionTimestamp"))
+        # One LIST of both tiers' pods (watch cache): the decode pods' nodes for the NUMA plans,
+        # and every pod's scheduling and container state for why a tier is not ready.
+        pods = tuple(self.kube.pods(
+            owner.namespace, f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT} in (prefill,decode)"))
+        decode_pods = tuple(
+            (p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods
+            if spec.decode and (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "decode"
+            and p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp"))
         return Observed(deployments.get("prefill"), deployments.get("decode"), ready_endpoints,
-                        decode_pods, facts)
+                        decode_pods, facts, pods)

@@ -1,4 +1,12 @@
-"""Status from observations: conditions, replica counts, NUMA plans. Pure."""
+"""Status from observations: conditions, replica counts, NUMA plans. Pure.
+
+Why a tier is not ready comes from the objects themselves, not from Events (aggregated, noisy,
+expiring after an hour, and a separate read): a Deployment whose ReplicaSet cannot create pods
+carries the ReplicaSet's `ReplicaFailure` condition (reason FailedCreate, the admission answer as
+the message); a pod the scheduler cannot place carries `PodScheduled=False` reason Unschedulable
+with the scheduler's message; a container that cannot start says why in its waiting state. Those
+are stable while the cause lasts (the scheduler rewrites its message only when it changes), so a
+status built from them is written when the cause changes, not on every retry."""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ from .api.models import InferenceDeploymentSpec
 from .numa import NumaPlanError, plan_cpus
 from .render import same_node
 from .render.facts import ClusterFacts
+from .render.meta import LABEL_COMPONENT
 from .render.placement import DecodePlacement
 
 CONDITION_TYPES = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Degraded")
@@ -23,6 +32,85 @@ class Observed:
     router_ready_endpoints: int = 0
     decode_pods: tuple[tuple[str, str], ...] = ()   # (pod, node) of scheduled decode pods
     facts: ClusterFacts = field(default_factory=ClusterFacts)
+    # The deployment's pods (both tiers), as listed: why a tier is not ready.
+    pods: tuple[dict[str, Any], ...] = ()
+
+
+# Reasons a tier is not ready, most fundamental first (a refused pod never gets scheduled).
+REFUSED = "PodsRefused"              # admission (Pod Security, quota, a webhook) refused pods
+UNSCHEDULABLE = "PodsUnschedulable"  # the scheduler finds no node (resources, selectors, taints)
+FAILING = "PodsFailing"              # a container cannot start or keeps crashing
+DEADLINE = "ProgressDeadlineExceeded"  # the Deployment's own verdict, with its message
+# Container waiting reasons that mean "will not start by itself" (not ContainerCreating).
+STUCK_WAITING = frozenset({
+    "CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+    "CreateContainerConfigError", "CreateContainerError", "RunContainerError"})
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """Why a tier is not ready: a condition reason and a message for people."""
+
+    reason: str
+    message: str
+
+
+def _deployment_condition(deployment: dict[str, Any] | None, kind: str
+                          ) -> dict[str, Any] | None:
+    conditions = ((deployment or {}).get("status", {}) or {}).get("conditions", []) or []
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def _pod_trouble(pod: dict[str, Any]) -> Trouble | None:
+    """Why one pod does not run, from its own status (None: it runs or is getting there)."""
+    name = pod.get("metadata", {}).get("name", "?")
+    status = pod.get("status", {}) or {}
+    for condition in status.get("conditions", []) or []:
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            return Trouble(UNSCHEDULABLE, f"pod {name}: {condition.get('message', '')}".strip())
+    for container in [*(status.get("initContainerStatuses") or []),
+                      *(status.get("containerStatuses") or [])]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            # Not the waiting message: CrashLoopBackOff's carries the growing back-off, which
+            # would rewrite the status on every restart.
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            detail = (f" (last exit: {last.get('reason', 'unknown')}, code "
+                      f"{last.get('exitCode', '?')})" if last else "")
+            if waiting["reason"] != "CrashLoopBackOff" and waiting.get("message"):
+                detail = f": {waiting['message']}"
+            return Trouble(FAILING, f"pod {name}: container {container.get('name', '?')} "
+                                    f"{waiting['reason']}{detail}")
+    return None
+
+
+def tier_trouble(tier: str, deployment: dict[str, Any] | None,
+                 pods: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> Trouble | None:
+    """Why the `tier` Deployment's pods are not ready, or None when nothing is known to be
+    wrong (they are starting). `pods`: that tier's pods; terminating ones are ignored."""
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if failure is not None and failure.get("status") == "True":
+        return Trouble(REFUSED, f"{tier}: {failure.get('reason', 'FailedCreate')}: "
+                                f"{failure.get('message', '')}")
+    live = sorted((p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")),
+                  key=lambda p: p.get("metadata", {}).get("name", ""))
+    found = [t for t in map(_pod_trouble, live) if t is not None]
+    for reason in (UNSCHEDULABLE, FAILING):
+        same = [t for t in found if t.reason == reason]
+        if same:
+            more = f" ({len(same)} of {len(live)} {tier} pods)" if len(same) > 1 else ""
+            return Trouble(reason, f"{tier} {same[0].message}{more}")
+    progressing = _deployment_condition(deployment, "Progressing")
+    if progressing is not None and progressing.get("status") == "False" \
+            and progressing.get("reason") == DEADLINE:
+        return Trouble(DEADLINE, f"{tier}: {progressing.get('message', '')}")
+    return None
+
+
+def _tier_pods(observed: Observed, component: str) -> list[dict[str, Any]]:
+    return [p for p in observed.pods
+            if (p.get("metadata", {}).get("labels") or {}).get(LABEL_COMPONENT) == component]
 
 
 def _tier(deployment: dict[str, Any] | None, wanted: int
@@ -87,21 +175,48 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
         else:
             decode_ok, decode_ready, decode_msg = _tier(observed.decode, spec.decode.replicas)
         router_ok = observed.router_ready_endpoints > 0
+        # Only a tier short of ready pods is examined: a stray pending pod beside a tier that
+        # serves at its replica count degrades nothing.
+        prefill_trouble = decode_trouble = None
+        if spec.prefill and not prefill_ok:
+            prefill_trouble = tier_trouble("prefill", observed.prefill,
+                                           _tier_pods(observed, "prefill"))
+        if spec.decode is not None and not decode_ok:
+            decode_trouble = (prefill_trouble if same_node.shares_pod(spec) else tier_trouble(
+                "decode", observed.decode, _tier_pods(observed, "decode")))
+
+        def tier_condition(kind: str, ok: bool, message: str, trouble: Trouble | None):
+            if ok:
+                return _condition(kind, True, "Available", message, generation)
+            if trouble is None:
+                return _condition(kind, False, "Progressing", message, generation)
+            return _condition(kind, False, trouble.reason, f"{message}: {trouble.message}",
+                              generation)
+
+        troubles = [t for t in (prefill_trouble, decode_trouble) if t is not None]
+        if decode_trouble is prefill_trouble and prefill_trouble is not None:
+            troubles = [prefill_trouble]
         conditions += [
-            _condition("PrefillReady", prefill_ok,
-                       "Available" if prefill_ok else "Progressing", prefill_msg, generation),
-            _condition("DecodeReady", decode_ok,
-                       "Available" if decode_ok else "Progressing", decode_msg, generation),
+            tier_condition("PrefillReady", prefill_ok, prefill_msg, prefill_trouble),
+            tier_condition("DecodeReady", decode_ok, decode_msg, decode_trouble),
             _condition("RouterReady", router_ok,
                        "EndpointsReady" if router_ok else "NoReadyEndpoints",
                        f"{observed.router_ready_endpoints} router endpoints ready", generation),
-            _condition("Degraded", False, "AsExpected", "", generation),
+            _condition("Degraded", bool(troubles),
+                       troubles[0].reason if troubles else "AsExpected",
+                       "; ".join(t.message for t in troubles), generation),
         ]
         ready = prefill_ok and decode_ok and router_ok
         waiting = [c["type"] for c in conditions[:3] if c["status"] != "True"]
-        conditions.insert(0, _condition(
-            "Ready", ready, "Ready" if ready else "Waiting",
-            "serving" if ready else "waiting for " + ", ".join(waiting), generation))
+        if ready:
+            conditions.insert(0, _condition("Ready", True, "Ready", "serving", generation))
+        elif troubles:
+            conditions.insert(0, _condition(
+                "Ready", False, troubles[0].reason,
+                "; ".join(t.message for t in troubles), generation))
+        else:
+            conditions.insert(0, _condition(
+                "Ready", False, "Waiting", "waiting for " + ", ".join(waiting), generation))
         status["endpoint"] = endpoint
         if spec.prefill:
             status["prefill"] = {"replicas": spec.prefill.replicas,
@@ -129,12 +244,16 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
 
 def transitions(previous: dict[str, Any], current: dict[str, Any]
                 ) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for every condition whose status changed."""
+    """(event type, reason, message) for every condition whose status changed, and a Warning
+    when Degraded stays True for another reason (refused pods, then unschedulable ones)."""
     old = {c["type"]: c for c in previous.get("conditions", [])}
     events = []
     for condition in current.get("conditions", []):
         before = old.get(condition["type"])
         if before is not None and before.get("status") == condition["status"]:
+            if (condition["type"] == "Degraded" and condition["status"] == "True"
+                    and before.get("reason") != condition["reason"]):
+                events.append(("Warning", condition["reason"], condition["message"]))
             continue
         if condition["type"] == "Degraded":
             if condition["status"] == "True":
