@@ -24,5 +24,10 @@ RUN pip install --no-cache-dir /wheels/heteroserve_cpu-*.whl /wheels/heteroserve
 USER 1000:1000
 ENV HOME=/tmp
 EXPOSE 8002
-ENTRYPOINT ["heteroserve-cpu-engine"]
+# heteroserve-bind computes the binding from the cpuset this container was granted (the kubelet's
+# exclusive cores), checks the seeds' rules on it, exports OMP_NUM_THREADS / CUSTOM_CPU_AFFINITY /
+# GOMP_CPU_AFFINITY and execs the engine (docs/cpu-engine.md, "Binding inside the container").
+# A pod that sets `command` replaces this: the operator renders the same wrapper with its plan,
+# `heteroserve-bind --numa-nodes N --threads-per-node K -- heteroserve-cpu-engine`.
+ENTRYPOINT ["heteroserve-bind", "--", "heteroserve-cpu-engine"]
 CMD ["--host", "0.0.0.0", "--port", "8002"]
