@@ -13,6 +13,7 @@ from heteroserve_operator.api.models import (
     CHILD_NAME_SUFFIXES,
     DNS_LABEL_MAX,
     MAX_NAME_LENGTH,
+    NAME_RULES,
     InferenceDeploymentSpec,
     name_rule_failures,
 )
@@ -20,10 +21,13 @@ from heteroserve_operator.render.children import possible_children
 from heteroserve_operator.render.kv_token import secret_name
 from heteroserve_operator.render.meta import Owner
 from tests.fixtures.invalid_specs import (
+    ALL_VALID_SPECS,
     BASE,
     INVALID_NAMES,
     INVALID_SPECS,
     LONGEST_NAME,
+    PASSING_SPECS,
+    VALID_NAMES,
     VALID_SPECS,
 )
 
@@ -93,14 +97,61 @@ def test_every_rule_has_an_invalid_fixture():
     assert "model.path must be an absolute path (starting with /)" in spec_messages
 
 
-@pytest.mark.parametrize(("name", "spec"), VALID_SPECS, ids=[n for n, _s in VALID_SPECS])
+def test_every_rule_has_a_passing_fixture():
+    schema = crd_schema()
+    spec_messages = {rule["message"] for rule in schema_rules(schema["properties"]["spec"])}
+    assert spec_messages == {message for _name, _spec, message in PASSING_SPECS}
+    name_messages = {rule["message"] for rule in schema["x-kubernetes-validations"]}
+    assert name_messages == {message for _name, message in VALID_NAMES}
+    assert len({name for name, _spec, _message in PASSING_SPECS}) == len(PASSING_SPECS)
+
+
+def _distance(one, other) -> int:
+    """How many subtrees differ: a key present in only one spec counts once, whatever it holds."""
+    if isinstance(one, dict) and isinstance(other, dict):
+        return sum(_distance(one[key], other[key]) if key in one and key in other else 1
+                   for key in one.keys() | other.keys())
+    return int(one != other)
+
+
+def test_every_rule_has_a_passing_fixture_near_its_failing_one():
+    """A passing fixture proves the rule lets through what it should only when it is near what
+    the rule refuses (BASE passes every rule, and proves nothing about the rules it skips): for
+    every rule, one passing fixture within three changes of one of its failing fixtures."""
+    nearest = {}
+    for name, spec, message in PASSING_SPECS:
+        distance = min(_distance(spec, failing) for _n, failing, m in INVALID_SPECS
+                       if m == message)
+        assert distance > 0, name
+        nearest[message] = min(nearest.get(message, distance), distance)
+    assert {m: d for m, d in nearest.items() if d > 3} == {}
+    # The name rule's edge: the longest name it admits, one character short of a refused one.
+    assert (LONGEST_NAME, NAME_RULES[0]["message"]) in VALID_NAMES
+    assert (LONGEST_NAME + "x", NAME_RULES[0]["message"]) in INVALID_NAMES
+
+
+def _ids(fixtures) -> list[str]:
+    return [fixture[0] for fixture in fixtures]
+
+
+@pytest.mark.parametrize(("name", "spec"), ALL_VALID_SPECS.items(), ids=list(ALL_VALID_SPECS))
 def test_valid_fixtures_pass_the_python_mirror(name, spec):
     InferenceDeploymentSpec.model_validate(spec)
+
+
+def test_every_valid_spec_is_tested():
+    assert {n for n, _s in VALID_SPECS} | {n for n, _s, _m in PASSING_SPECS} | {"base"} == \
+        set(ALL_VALID_SPECS)
 
 
 @pytest.mark.parametrize(("name", "message"), INVALID_NAMES, ids=[n for n, _m in INVALID_NAMES])
 def test_python_mirror_of_the_name_rules(name, message):
     assert [rule["message"] for rule in name_rule_failures(name)] == [message]
+
+
+@pytest.mark.parametrize(("name", "message"), VALID_NAMES, ids=_ids(VALID_NAMES))
+def test_python_mirror_accepts_the_valid_names(name, message):
+    assert name_rule_failures(name) == []
 
 
 def test_the_longest_accepted_name_leaves_every_child_a_dns_label():
