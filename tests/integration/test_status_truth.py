@@ -9,7 +9,10 @@ import json
 
 import pytest
 import yaml
+from prometheus_client import CollectorRegistry
 
+from heteroserve_operator.kube import KubeApi
+from heteroserve_operator.reconcile import Reconciler
 from tests.integration.conftest import SAMPLES, condition, get_json, wait_for, wait_ready
 
 pytestmark = pytest.mark.integration
@@ -111,6 +114,13 @@ def test_two_deployments_competing_for_one_nodes_cores_name_the_starved_one(
     assert starved["Degraded"]["message"].startswith("decode pod second-decode-")
     assert "Insufficient cpu" in starved["Degraded"]["message"]
     assert "0/1 pods ready" in starved["DecodeReady"]["message"]
+    # While the cause lasts (the scheduler keeps retrying), reconciles write nothing.
+    registry = CollectorRegistry()
+    reconciler = Reconciler(KubeApi(cluster.api_client(), registry), registry)
+    for _ in range(20):
+        outcome = reconciler.reconcile_by_name(namespace, "second")
+        assert outcome.error is None and not outcome.status_written and outcome.applied == ()
+    assert registry.get_sample_value("heteroserve_operator_api_writes_total") is None
     # The one holding the cores serves and is not degraded.
     first = get_json(cluster, "inferencedeployment", "first", "-n", namespace)
     assert condition(first, "Ready")["status"] == "True"
