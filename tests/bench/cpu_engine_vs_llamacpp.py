@@ -547,6 +547,7 @@ def main() -> int:
             for k in (*cols, "anon_mib")) + " | |")
     valid_probe = bandwidth.valid(probe["buffer_bytes"], llc)
     print(f"\nread bandwidth: {probe['gbs']:.1f} GB/s over {bandwidth.mib(probe['buffer_bytes'])} "
+          f"(the engine's probe {probe['engine_gbs']:.1f}, numpy's {probe['numpy_gbs']:.1f}) "
           f"(last-level cache {bandwidth.mib(llc)}; valid: {'yes' if valid_probe else 'no'}); "
           f"a roofline percentage only where the model's bytes per token are >= 4x the cache\n")
     print("| model | weight bytes / token | last-level cache | roofline tok/s | heteroserve "
