@@ -254,6 +254,10 @@ def test_names_the_children_cannot_carry_are_refused_at_admission(cluster, crd_i
     # The longest name the rule admits is accepted, and the apiserver takes every child the
     # operator renders for it.
     cluster.kubectl("create", "-f", "-", stdin=_document(LONGEST_NAME, namespace, BASE))
+    # An operator running for other tests may have made its children already: remove them
+    # (foreground: the call returns once they are gone), then offer them to the apiserver.
+    cluster.kubectl("delete", "inferencedeployment", LONGEST_NAME, "-n", namespace,
+                    "--cascade=foreground", "--wait=true", "--timeout=60s")
     assert _server_dry_run(cluster, _rendered_children(LONGEST_NAME, namespace)) == {}
     # Without the rule, a longer name would be stored and its decode Service refused at apply.
     too_long = LONGEST_NAME + "x" * (DNS_LABEL_MAX - len("-decode") - MAX_NAME_LENGTH + 1)

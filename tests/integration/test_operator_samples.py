@@ -228,10 +228,17 @@ def check_builtin_pd(cluster, ns, name):
     assert router["accelerator"]["kvExport"] is True and router["cpu"]["kvImport"] is True
     for pod in (prefill, *decodes):
         engine = container(pod, "engine")
-        assert engine["args"][-2:] == ["--kv-token-file", "/etc/heteroserve/kv/token"]
+        args = engine["args"]
+        assert args[args.index("--kv-token-file") + 1] == "/etc/heteroserve/kv/token"
         assert mounts(engine)["/etc/heteroserve/kv"] == "kv-token"
         assert volumes(pod)["kv-token"]["secret"] == {"secretName": f"{name}-kv-token",
                                                       "defaultMode": 0o440}
+    # The prefill engine advertises its pod IP for the pull (the router reaches it on loopback).
+    engine = container(prefill, "engine")
+    assert engine["args"][engine["args"].index("--kv-advertise-host") + 1] == "$(POD_IP)"
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1",
+                                                         "fieldPath": "status.podIP"}}} \
+        in engine["env"]
 
 
 def check_builtin_pd_same_node(cluster, ns, name):
