@@ -453,7 +453,7 @@ def build_description(bin_dir: str) -> dict:
 
 
 def build_line(info: dict) -> str:
-    amx = ("AMX used (weights in the AMX buffer: " + info["amx_buffer"] + ")"
+    amx = ("AMX used (the check run on the 135M-shaped q4_0: " + info["amx_buffer"] + ")"
            if info.get("amx_buffer") else
            "AMX refused by the kernel (no AMX buffer)" if info.get("amx_refused") else
            "no AMX buffer (AMX not compiled in or not granted)")
@@ -486,7 +486,7 @@ def main() -> int:
     parser.add_argument("--build-llama", metavar="SRC", help="build llama.cpp's tools from SRC "
                         "into --llama-build (checked, AMX fallback) and print the bin folder")
     parser.add_argument("--llama-build", default=str(Path.home() / ".cache" / "heteroserve" /
-                                                     "llama-build"))
+                                                     "llama-bin"))
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--settings")
