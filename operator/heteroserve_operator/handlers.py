@@ -72,11 +72,11 @@ async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT,
-                                        "app.kubernetes.io/component": "decode"})
+@kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT})
 async def child_changed(body: kopf.Body, memo: kopf.Memo, **_) -> None:
     # EndpointSlices carry their Service's labels, so a router endpoint turning ready updates
-    # RouterReady without waiting for the resync.
+    # RouterReady without waiting for the resync. Pods of both tiers: a prefill (or same-node)
+    # pod that cannot be scheduled or keeps crashing is in the status at once too.
     owner = body.metadata.labels.get(LABEL_OWNER)
     if owner:
         memo.queue.add(body.metadata.namespace, owner)
