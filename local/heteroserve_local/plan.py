@@ -36,6 +36,8 @@ from heteroserve_operator.render.facts import ClusterFacts
 from heteroserve_operator.render.meta import Owner
 
 LOOPBACK = "127.0.0.1"
+# The decode containers' entrypoint (heteroserve-bind ... -- <engine>), for pods only.
+BIND_COMMAND = "heteroserve-bind"
 ANY_ADDRESS = "0.0.0.0"
 # Seconds between the router's health checks and scrapes of local engines: a restarted engine is
 # noticed within a second or two (the cluster defaults follow sysHAX: 10 s).
@@ -230,6 +232,10 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
            if e["name"] != "HOME"}
     argv = [_expand(_local_path(a, paths), env)
             for a in [*container["command"], *container.get("args", [])]]
+    if argv[:1] == [BIND_COMMAND] and "--" in argv:
+        # No kubelet grants a cpuset here: the NUMA plan's binding (the env) is exact, and the
+        # entrypoint that derives it from a container's grant is left out.
+        argv = argv[argv.index("--") + 1:]
     if tier is not None:  # engines listen on loopback only; the router is the endpoint
         argv = [LOOPBACK if a == ANY_ADDRESS else a for a in argv]
     probe = container.get("readinessProbe", {})

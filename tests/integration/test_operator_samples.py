@@ -197,7 +197,9 @@ def check_sysinfer(cluster, ns, name):
 def check_builtin_cpu(cluster, ns, name):
     (pod,) = pods(cluster, ns, name, "decode")
     engine = container(pod, "engine")
-    assert engine["command"] == ["heteroserve-cpu-engine"]
+    # heteroserve-bind derives the binding from the granted cpuset, in the plan's shape.
+    assert engine["command"] == ["heteroserve-bind", "--numa-nodes", "1", "--threads-per-node",
+                                 "4", "--", "heteroserve-cpu-engine"]
     assert env(engine)["OMP_NUM_THREADS"] == "4"
     assert env(engine)["SYSHAX_QUANTIZE"] == "q8_0"
     assert "NRC" not in env(engine)  # the builtin engine chooses by row width
@@ -260,7 +262,8 @@ def check_builtin_pd_same_node(cluster, ns, name):
         assert args[args.index("--kv-shm-dir") + 1] == "/var/run/heteroserve/kv"
         assert args[args.index("--kv-token-file") + 1] == "/etc/heteroserve/kv/token"
     decode = container(pod, "decode-engine")
-    assert decode["command"] == ["heteroserve-cpu-engine"]
+    assert decode["command"] == ["heteroserve-bind", "--numa-nodes", "2", "--threads-per-node",
+                                 "4", "--", "heteroserve-cpu-engine"]
     assert env(decode)["CUSTOM_CPU_AFFINITY"] == "0-3,40-43"
     assert env(decode)["OMP_NUM_THREADS"] == "8"
     assert decode["resources"]["requests"] == decode["resources"]["limits"] == {

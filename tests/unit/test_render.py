@@ -494,7 +494,8 @@ def test_same_node_builtin_pair_runs_both_engines_in_the_prefill_pod():
         assert any(m["name"] == "kv-token" for m in engine["volumeMounts"])
     assert containers["engine"]["command"] == ["heteroserve-prefill-engine"]
     decode = containers["decode-engine"]
-    assert decode["command"] == ["heteroserve-cpu-engine"]
+    assert decode["command"][-2:] == ["--", "heteroserve-cpu-engine"]
+    assert decode["command"][0] == "heteroserve-bind"
     assert {m["mountPath"]: m["name"] for m in decode["volumeMounts"]}["/dev/shm"] == \
         "decode-dshm"
     # The router holds neither the token nor the channel.
@@ -633,3 +634,21 @@ def test_same_node_status_counts_decode_engines_in_the_prefill_pods():
         prefill={**prefill, "status": {"observedGeneration": 1, "readyReplicas": 0}},
         router_ready_endpoints=0))
     assert {c["type"]: c["status"] for c in starting["conditions"]}["DecodeReady"] == "False"
+
+
+def test_the_builtin_cpu_engine_binds_inside_its_container_in_the_plans_shape():
+    """heteroserve-bind in front of the builtin decode engine: the binding comes from the
+    cpuset the kubelet grants, checked against the plan's NUMA nodes and CPUs per node (two
+    replicas on one node must not both bind the plan's first CPUs). Other engines' images have
+    no entrypoint: their command is theirs."""
+    from heteroserve_operator.numa import NumaPlan
+    from heteroserve_operator.render.engines.builtin import bind_command
+
+    plan = NumaPlan("n", ((0, (0, 1, 2, 3)), (1, (40, 41, 42, 43))))
+    assert bind_command(plan) == ["heteroserve-bind", "--numa-nodes", "2",
+                                  "--threads-per-node", "4", "--"]
+    for rendered_spec, binds in ((spec(), True), (pair("vllm", "vllm-cpu"), False)):
+        decode = engine_of(pod_specs(render(rendered_spec, OWNER, FACTS))["m-decode"])
+        assert (decode["command"][0] == "heteroserve-bind") is binds
+        # The plan's binding stays in the env: the fallback, and what `heteroserve run` uses.
+        assert "CUSTOM_CPU_AFFINITY" in {e["name"] for e in decode["env"]}

@@ -31,11 +31,22 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
     )
 
 
+def bind_command(plan: NumaPlan) -> list[str]:
+    """`heteroserve-bind` in front of the engine: the binding is computed in the container from
+    the cpuset the kubelet granted (two replicas on one node get different exclusive cores under
+    the static CPU manager), checked against the plan's shape, then exported; the rendered
+    binding variables are only the plan's fallback (docs/cpu-engine.md)."""
+    # The planner gives every NUMA node the same number of CPUs (the seeds' rule).
+    per_node = len(plan.cpus_by_numa_node[0][1])
+    return ["heteroserve-bind", "--numa-nodes", str(len(plan.cpus_by_numa_node)),
+            "--threads-per-node", str(per_node), "--"]
+
+
 def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
     engine = spec.decode.engine
     return EngineContainer(
         image=engine.image or images.CPU_ENGINE,
-        command=["heteroserve-cpu-engine"],
+        command=[*bind_command(plan), "heteroserve-cpu-engine"],
         args=["--model", spec.model.path, "--served-model-name", spec.model.name,
               "--max-model-len", str(spec.model.max_model_len),
               "--host", "0.0.0.0", "--port", str(engine.port or DECODE_PORT),
