@@ -4,6 +4,7 @@ what is missing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -67,12 +68,19 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         plane.stop()
 
 
-@pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace per test, deleted afterwards (without waiting for its finalization)."""
+@contextlib.contextmanager
+def temporary_namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace, deleted afterwards (without waiting for its finalization)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     cluster.kubectl("create", "namespace", name)
     try:
         yield name
     finally:
         cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace per test."""
+    with temporary_namespace(cluster) as name:
+        yield name

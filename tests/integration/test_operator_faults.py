@@ -13,13 +13,13 @@ import os
 import random
 import statistics
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.conftest import temporary_namespace
 from tests.integration.conftest import (
     SAMPLES,
     OperatorProcess,
@@ -69,12 +69,8 @@ def own_operator(cluster, crd_installed, session_operator_aside, tmp_path
 
 @pytest.fixture
 def second_namespace(cluster) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    try:
+    with temporary_namespace(cluster) as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 # -- reading the state back ------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +17,7 @@ from pydantic import ValidationError
 
 from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.api.models import MAX_NAME_LENGTH, name_rule_failures
+from tests.conftest import temporary_namespace
 from tests.fixtures.invalid_specs import ALL_VALID_SPECS, BASE, VALID_NAMES, _with
 
 pytestmark = pytest.mark.integration
@@ -26,12 +26,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def dry_run_namespace(cluster, crd_installed) -> Iterator[str]:
     """One namespace for the whole module: a dry run stores nothing, so the tests share it."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    try:
+    with temporary_namespace(cluster) as name:
         yield name
-    finally:
-        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def dry_run(cluster, namespace: str, name: str, spec: dict) -> subprocess.CompletedProcess:
