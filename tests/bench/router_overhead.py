@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,30 +170,52 @@ class Level:
     errors: list[str]
     cpu: float = math.nan  # the router's CPU seconds (user + system) per completed request
     own: list[float] = field(default_factory=list)  # the router's own time per request (its log)
+    # The client's time to the first body bytes by the request's id upstream, and per request
+    # that minus the upstream's own time from arrival to the first token (read_logs).
+    ttfb: dict[str, float] = field(default_factory=dict)
+    paired: list[float] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
-        if not self.ttfts:
-            return math.nan
-        ordered = sorted(self.ttfts)
-        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+        return nearest(self.ttfts, q)
 
     @property
     def throughput(self) -> float:
         return self.tokens / self.wall
 
 
+@dataclass
+class Sample:
+    """One request as the client saw it."""
+
+    ttft: float | None  # to the first chunk with content
+    tokens: int
+    error: str
+    ttfb: float | None = None  # to the response body's first bytes
+    request_id: str = ""  # as the upstream saw it (x-request-id)
+
+
 async def one_request(client: httpx.AsyncClient, url: str, body: bytes, max_tokens: int
-                      ) -> tuple[float | None, int, str]:
-    """(TTFT or None, tokens received, error or '')."""
+                      ) -> Sample:
     start = time.perf_counter()
-    first, count, usage, pending = None, 0, None, b""
+    # An id of our own, which the upstream logs beside its own time to the first token; a
+    # router answers with the id it gave the request upstream instead.
+    request_id = uuid.uuid4().hex[:16]
+    first, count, usage, pending, ttfb = None, 0, None, b"", None
+
+    def ended(error: str) -> Sample:
+        return Sample(first and first - start, count, error, ttfb, request_id)
+
     try:
         async with client.stream("POST", url, content=body,
-                                 headers={"content-type": "application/json"}) as response:
+                                 headers={"content-type": "application/json",
+                                          "x-request-id": request_id}) as response:
+            request_id = response.headers.get("x-request-id", request_id)
             if response.status_code != 200:
                 await response.aread()
-                return None, 0, f"HTTP {response.status_code}"
+                return Sample(None, 0, f"HTTP {response.status_code}")
             async for data in response.aiter_raw():
+                if ttfb is None:
+                    ttfb = time.perf_counter() - start
                 pending += data
                 cut = pending.rfind(b"\n\n")
                 if cut < 0:
@@ -205,13 +228,13 @@ async def one_request(client: httpx.AsyncClient, url: str, body: bytes, max_toke
                 if b'"usage"' in events and (match := USAGE.search(events)):
                     usage = int(match[1])
                 if ERROR in events:
-                    return first and first - start, count, "error event"
+                    return ended("error event")
     except httpx.HTTPError as error:
-        return first and first - start, count, type(error).__name__
+        return ended(type(error).__name__)
     count = count if usage is None else usage
     if first is None:
-        return None, count, "no content"
-    return first - start, count, "" if count == max_tokens else f"{count} tokens"
+        return ended("no content")
+    return ended("" if count == max_tokens else f"{count} tokens")
 
 
 def request_body(model: str, max_tokens: int) -> bytes:
@@ -244,13 +267,15 @@ async def run_paths(client: httpx.AsyncClient, bases: list[str], model: str, max
             issued += 1
             path = turn % len(urls)
             turn += 1
-            ttft, count, error = await one_request(client, urls[path], body, max_tokens)
+            sample = await one_request(client, urls[path], body, max_tokens)
             level = levels[path]
-            level.tokens += count
-            if error:
-                level.errors.append(error)
-            elif ttft is not None:
-                level.ttfts.append(ttft)
+            level.tokens += sample.tokens
+            if sample.error:
+                level.errors.append(sample.error)
+            elif sample.ttft is not None:
+                level.ttfts.append(sample.ttft)
+                if sample.request_id and sample.ttfb is not None:
+                    level.ttfb[sample.request_id] = sample.ttfb
 
     start = time.perf_counter()
     await asyncio.gather(*(stream(i) for i in range(streams)))
@@ -270,6 +295,30 @@ class Row:
 
 
 OVERHEAD = re.compile(r"overhead=([0-9.]+)ms")
+UPSTREAM_LOGGED = re.compile(r"x-request-id=([0-9a-f]+) .*?first_token=([0-9.]+)ms")
+
+
+def read_logs(router_log: Path | None, router_from: int, upstream_log: Path, upstream_from: int,
+              level: Level) -> None:
+    """From the logs' lines after the given offsets: the router's own time per request
+    (`overhead=`: before its upstream request, and relaying the first bytes) into level.own
+    (router levels), and per request the client's time to the first bytes minus the upstream's
+    own time from the request's arrival to its first token (its log line carries the request's
+    x-request-id) into level.paired. That removes the upstream's queueing and compute, which
+    dominate and drift at 64-256 streams; what remains is the path: for a direct request the
+    loopback hop and both event loops' delays, through the router also its hops, loop,
+    processing and relay. The difference of the two paths' medians in one interleaved run is
+    the router's added time."""
+    if router_log is not None:
+        with open(router_log, "rb") as log:
+            log.seek(router_from)
+            level.own = [float(v) for v in OVERHEAD.findall(log.read().decode())]
+    with open(upstream_log, "rb") as log:
+        log.seek(upstream_from)
+        text = log.read().decode(errors="replace")
+    for request_id, upstream in UPSTREAM_LOGGED.findall(text):
+        if (client_ttfb := level.ttfb.get(request_id)) is not None:
+            level.paired.append(client_ttfb - float(upstream) / 1e3)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -286,7 +335,7 @@ async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
     rows = []
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300, connect=30)) as client:
         for target, (direct, router, router_pid) in targets.items():
-            router_log = folder / f"router-{target}.log"
+            router_log, upstream_log = folder / f"router-{target}.log", folder / f"{target}.log"
             os.sched_setaffinity(0, client_cpus[target])
             model = ENGINE_MODEL if target == "engine" else "canned"
             # Warm-up: first-request code paths, and connections for the widest level (client
@@ -297,21 +346,26 @@ async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
             for streams in levels:
                 row = Row(target, streams, [], [])
                 for _ in range(rounds):
-                    row.direct.append(await run_level(client, direct, model, tokens[target],
-                                                      streams, requests))
-                    before, logged = cpu_seconds(router_pid), router_log.stat().st_size
+                    upstream_logged = upstream_log.stat().st_size
+                    level = await run_level(client, direct, model, tokens[target], streams,
+                                            requests)
+                    read_logs(None, 0, upstream_log, upstream_logged, level)
+                    row.direct.append(level)
+                    before = cpu_seconds(router_pid)
+                    logged, upstream_logged = (router_log.stat().st_size,
+                                               upstream_log.stat().st_size)
                     level = await run_level(client, router, model, tokens[target], streams,
                                             requests)
                     done = len(level.ttfts)
                     level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
-                    # Its log line per request: the router's own share of the time to the
-                    # first byte (before its upstream request, and relaying the first bytes).
-                    with open(router_log, "rb") as log:
-                        log.seek(logged)
-                        level.own = [float(v) for v in OVERHEAD.findall(log.read().decode())]
+                    read_logs(router_log, logged, upstream_log, upstream_logged, level)
                     row.router.append(level)
+                    logged, upstream_logged = (router_log.stat().st_size,
+                                               upstream_log.stat().st_size)
                     halves = await run_paths(client, [direct, router], model, tokens[target],
                                              streams, requests)
+                    read_logs(None, 0, upstream_log, upstream_logged, halves[0])
+                    read_logs(router_log, logged, upstream_log, upstream_logged, halves[1])
                     row.mixed.append((halves[0], halves[1]))
                 rows.append(row)
                 print(f"  {target} x{streams}: done", file=sys.stderr, flush=True)
@@ -321,6 +375,14 @@ async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
 # -- report ------------------------------------------------------------------------------------
 def med(values) -> float:
     return statistics.median(values)
+
+
+def nearest(values: list[float], q: float) -> float:
+    """The q-quantile by nearest rank (NaN for none)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def describe_machine() -> str:
@@ -348,8 +410,9 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
     print("| upstream | streams | path | TTFT p50 ms | TTFT p99 ms | tok/s | throughput ratio "
           "| added TTFT p50 ms, interleaved | added TTFT p99 ms, interleaved "
           "| added TTFT p50 ms, separate runs | router CPU ms/request "
-          "| router's own time p50 ms | router's own time p99 ms | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| router's own time p50 ms | router's own time p99 ms "
+          "| added p50 ms, paired | added p99 ms, paired | errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts: dict[str, list[str]] = {}
     for row in rows:
         for path, levels in (("direct", row.direct), ("router", row.router)):
@@ -360,7 +423,7 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
                      f"{1e3 * med(lv.percentile(0.99) for lv in levels):.1f}",
                      f"{med(lv.throughput for lv in levels):.0f}"]
             if path == "direct":
-                cells += [""] * 7
+                cells += [""] * 9
             else:
                 ratio = med(r.throughput / d.throughput
                             for d, r in zip(row.direct, row.router, strict=True))
@@ -373,18 +436,32 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
                 own = [ms for lv in levels for ms in lv.own]
                 own50 = statistics.median(own) if own else math.nan
                 own99 = sorted(own)[max(0, math.ceil(0.99 * len(own)) - 1)] if own else math.nan
+                # Paired: per request the path's time (the client's time to the first bytes
+                # minus the upstream's own), router half minus direct half of each interleaved
+                # run, median over rounds.
+                paired50 = 1e3 * med(nearest(r.paired, 0.5) - nearest(d.paired, 0.5)
+                                     for d, r in row.mixed)
+                paired99 = 1e3 * med(nearest(r.paired, 0.99) - nearest(d.paired, 0.99)
+                                     for d, r in row.mixed)
                 cells += [f"{ratio:.2f}", f"{mixed50:+.1f}", f"{mixed99:+.1f}",
-                          f"{separate50:+.1f}", f"{cpu:.2f}", f"{own50:.2f}", f"{own99:.2f}"]
+                          f"{separate50:+.1f}", f"{cpu:.2f}", f"{own50:.2f}", f"{own99:.2f}",
+                          f"{paired50:+.2f}", f"{paired99:+.2f}"]
                 notes = verdicts.setdefault(row.target, [])
+                if not paired50 <= 2.0:
+                    notes.append(f"added time p50 {paired50:.2f} ms (paired) at {row.streams} "
+                                 "streams")
                 if not mixed50 <= 2.0:
-                    notes.append(f"added TTFT p50 {mixed50:+.1f} ms at {row.streams} streams")
+                    notes.append(f"(interleaved difference of the TTFT p50s {mixed50:+.1f} ms at "
+                                 f"{row.streams} streams)")
                 if row.streams == 256 and not ratio >= 0.90:
                     notes.append(f"throughput ratio {ratio:.2f} at 256 streams")
             print(f"| {row.target} | {row.streams} | {path} | {' | '.join(cells)} | {shown} |")
     measured_256 = any(row.streams == 256 for row in rows)
-    print("\ngoals: added TTFT p50 <= 2 ms at every level (interleaved: router and direct "
-          "requests in one run against the same upstream); throughput ratio >= 0.90 at 256 "
-          "streams" + ("" if measured_256 else " (256 streams not measured)"))
+    print("\ngoals: added TTFT p50 <= 2 ms at every level (paired: per request the client's "
+          "time to the first bytes minus the upstream's own time from the request's arrival to "
+          "its first token, router half minus direct half of the interleaved runs; the plain "
+          "difference of their TTFT p50s is shown beside it); throughput "
+          "ratio >= 0.90 at 256 streams" + ("" if measured_256 else " (256 streams not measured)"))
     for target, notes in verdicts.items():
         print(f"  {target}: {'met' if not notes else 'NOT met: ' + '; '.join(notes)}")
 

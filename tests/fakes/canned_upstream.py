@@ -41,6 +41,7 @@ def build_app(token_delay: float = 0.0, first_byte_delay: float = 0.0,
 
     async def completion(scope, receive, send, chat: bool) -> None:
         nonlocal generated
+        arrived = time.monotonic()
         request = json.loads(await read_body(receive))
         count = request.get("max_tokens") or 16
         rid, created, model = "cmpl-canned", int(time.time()), request.get("model", "canned")
@@ -60,6 +61,10 @@ def build_app(token_delay: float = 0.0, first_byte_delay: float = 0.0,
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
+        # As the CPU engine logs it: the caller's x-request-id and the time to the first token.
+        caller = dict(scope["headers"]).get(b"x-request-id", b"-").decode()
+        print(f"request x-request-id={caller} first_token="
+              f"{(time.monotonic() - arrived) * 1e3:.3f}ms", flush=True)
         kind = "chat.completion.chunk" if chat else "text_completion"
         for index in range(count):
             if stall_after is not None and index >= stall_after:

@@ -334,6 +334,7 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
                 served.engine.abort(seq)
 
     async def respond(request: Request, chat: bool) -> Response:
+        arrived = time.monotonic()
         drain.refuse_new()
         body = await request.body()
         if served.engine.full():
@@ -359,6 +360,10 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
         created = int(time.time())
         deltas = generate(request, prompt_ids, sampling, imported, keep_kv, started)
         first = await anext(deltas)  # errors surface here, before any byte is sent
+        # One line per request: the caller's x-request-id (the router's) ties it to theirs.
+        log.info("request %s x-request-id=%s prompt_tokens=%d first_token=%.3fms", rid,
+                 request.headers.get("x-request-id", "-"), len(prompt_ids),
+                 (time.monotonic() - arrived) * 1e3)
 
         async def all_deltas():
             yield first
