@@ -8,7 +8,9 @@
 # .devcarry/p1, part01 in .devcarry/p2, part02 in .devcarry/p3.
 # Writes $OUT/split.txt and $OUT/kv-handoff.txt; `device_pd.sh router` (after stage, on the same
 # warm machine, carrying p2 and p3) runs the router's overhead benchmark on the host cores
-# instead and writes $OUT/router.txt; `device_pd.sh kv` runs only the hand-off benchmark.
+# instead and writes $OUT/router.txt; `device_pd.sh kv` runs only the hand-off benchmark;
+# `device_pd.sh overload` (on a machine where a run already assembled the model, no parts
+# needed) the engine's overload benchmark into $OUT/overload.txt.
 set -euo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -19,14 +21,25 @@ if [ "${1:-}" = stage ]; then
   exit 0
 fi
 export PYTHONPATH=/tmp/site:$PWD/engines:$PWD PYTHONUNBUFFERED=1
-cat /tmp/part00 .devcarry/p2/part01 .devcarry/p3/part02 > /tmp/smollm2.gguf
-python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./engines/cpu
+if [ -f .devcarry/p2/part01 ] || [ ! -f /tmp/smollm2.gguf ]; then
+  cat /tmp/part00 .devcarry/p2/part01 .devcarry/p3/part02 > /tmp/smollm2.gguf
+fi
+if [ ! -d /tmp/site/heteroserve_cpu ] || [ "${REBUILD:-}" = 1 ]; then
+  python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./engines/cpu
+fi
 nvidia-smi -L | tee "$out/machine.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/machine.txt"
 if [ "${1:-}" = kv ]; then
   # The hand-off alone (TCP and shared memory, against recomputing), CUDA exporter.
   python3 -m tests.bench.kv_handoff --exporter prefill --device cuda --model /tmp/smollm2.gguf \
     --decoder-threads 8 --rounds ${ROUNDS:-3} | tee "$out/kv-handoff.txt"
+  exit 0
+fi
+if [ "${1:-}" = overload ]; then
+  # The CPU engine's server under twice its saturating load and 200 abandoned requests
+  # (issue 14): the engine on 8 cores, the load generator on one of its own.
+  python3 -m tests.bench.engine_overload --model /tmp/smollm2.gguf --engine-cpus 2-9 \
+    --client-cpus 1 ${OVERLOAD_ARGS:-} | tee "$out/overload.txt"
   exit 0
 fi
 if [ "${1:-}" = router ]; then
