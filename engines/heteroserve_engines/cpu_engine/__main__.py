@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .affinity import AffinityError, resolve
     from .gguf_model import ModelFileError, load_model
+    from .pinning import BindingInfo, PinnedThreads, check_pinned
     from .runner import EngineCore
     from .server import Drain, ServedModel, ServerLimits, create_app, serve
     from .tokenizer import GGUFTokenizer
@@ -134,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     path = args.model or default_model()
-    pool = heteroserve_cpu.Pool(binding.cpus, binding.threads, pin_caller=True)
+    pinned = PinnedThreads()
+    with pinned.capture():
+        pool = heteroserve_cpu.Pool(binding.cpus, binding.threads, pin_caller=True)
     started = time.monotonic()
     try:
         model, config, reader = load_model(
@@ -144,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFileError, ValueError) as error:
         print(f"error: cannot load the model: {error}", file=sys.stderr)
         return 2
+    check_pinned(pinned, binding.cpus)  # the workers have long started pinning by now
     max_len = args.max_model_len or min(config.context_length, 8192)
     per_block = 2 * 2 * config.n_layer * 16 * config.n_head_kv * config.head_dim
     n_blocks = max(int(args.kv_cache_gib * 2**30) // per_block, -(-max_len // 16))
@@ -161,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                          engine, tokenizer, max_len, int(time.time()))
     try:
         registry = CollectorRegistry()
+        registry.register(BindingInfo(pinned))
         served.handoff = kv_handoff(args, reader, config, engine, registry)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
