@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from .binding_scraper import BindingScraper
 from .kube import KubeApi
 from .peering import Peering, PeeringGate, ensure_peering_objects, random_priority
 from .reconcile import Reconciler
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                       "by a paused peering replica", ["acted"], registry=registry)
     queue = WorkQueue(reconcile_if_active, settings.workers,
                       settings.min_reconcile_interval_seconds)
+    # status.decodeBindings, read from the decode engines' /metrics; importing binding_scraper
+    # registered its kopf handlers.
+    bindings = BindingScraper(kube, gate, registry)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf_settings = kopf.OperatorSettings()
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         identity=peering.identity if peering else None,
         liveness_endpoint=settings.liveness_endpoint,
         memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings, gate=gate,
-                       resyncs=resyncs),
+                       resyncs=resyncs, bindings=bindings),
     )
     return 0
 

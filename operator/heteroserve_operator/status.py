@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api.models import InferenceDeploymentSpec
+from .decode_bindings import FIELD as DECODE_BINDINGS
 from .numa import NumaPlanError, plan_cpus
 from .render import same_node
 from .render.facts import ClusterFacts
@@ -234,6 +235,10 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
         for key in ("endpoint", "prefill", "decode", "numaPlans"):
             if key in previous:
                 status[key] = previous[key]
+    # Written by binding_scraper.py, never here: carried over as it is, so that this status
+    # neither removes it nor counts it as a change.
+    if DECODE_BINDINGS in previous:
+        status[DECODE_BINDINGS] = previous[DECODE_BINDINGS]
     for condition in conditions:
         before = old.get(condition["type"])
         same = before is not None and before.get("status") == condition["status"]

@@ -747,6 +747,33 @@ class DecodePodPlan(ApiModel):
     numa_nodes: list[int] = Field(default_factory=list, description="NUMA nodes used.")
 
 
+class DecodeBinding(ApiModel):
+    """The CPUs one decode engine actually bound, as the engine itself reports them on its
+    /metrics (heteroserve:cpu_binding_info, measured from its compute threads' affinity). The
+    operator reads it over the pod's IP once per engine start; engine pods have no API token."""
+
+    pod: str = Field(description="Pod name.")
+    node: str = Field(description="Node the pod runs on.")
+    state: Literal["Reported", "NotReported", "Unknown"] = Field(
+        description="Reported: the engine reported its binding (cpus, threads, numaNodes). "
+        "NotReported: the engine's /metrics has no binding (engines other than heteroserve's "
+        "CPU engine: vllm-cpu, sysInfer). Unknown: not learned yet (the engine is not ready, "
+        "or its /metrics could not be read; the operator retries and logs why)."
+    )
+    cpus: str | None = Field(
+        default=None, description="CPUs the compute threads are pinned to (Linux list, 0-3,8)."
+    )
+    threads: int | None = Field(default=None, description="Compute threads.")
+    numa_nodes: list[int] = Field(
+        default_factory=list, description="NUMA nodes of the bound CPUs."
+    )
+    engine_started_at: str | None = Field(
+        default=None,
+        description="Start of the engine container this was learned from; a restarted "
+        "container is read again.",
+    )
+
+
 class InferenceDeploymentStatus(ApiModel):
     """Observed state."""
 
@@ -757,4 +784,9 @@ class InferenceDeploymentStatus(ApiModel):
     decode: TierStatus | None = Field(default=None, description="Decode replicas.")
     numa_plans: list[DecodePodPlan] = Field(
         default_factory=list, description="NUMA plan per decode pod."
+    )
+    decode_bindings: list[DecodeBinding] = Field(
+        default_factory=list,
+        description="CPUs each decode engine actually bound, as it reports them (numaPlans is "
+        "the operator's plan; this is what the engine measured).",
     )

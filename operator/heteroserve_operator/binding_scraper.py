@@ -1,0 +1,304 @@
+"""Learns what each decode engine bound from its /metrics and writes `status.decodeBindings`
+(decode_bindings.py says what the entries mean). Apart from the reconcile, on kopf's event loop.
+
+- Watch-driven: kopf's pod and InferenceDeployment events keep an index of the decode engines
+  (pod IP, port, container start, readiness) and of each deployment's live `decodeBindings`.
+  An idle cluster sends no events, so the scraper reads nothing and writes nothing.
+- Each engine start is read once, when its container is ready: GET http://<pod IP>:<port>/metrics
+  with a short total timeout, a bounded number at a time; a failure is retried with doubling
+  back-off (`ScrapeSettings`), an answer never again until the container restarts.
+- A deployment's entries are written with a merge patch of the status subresource, only when they
+  differ from the live ones. The reconcile carries the field over unchanged (status.py); a
+  reconcile that raced a scraper write and put the old entries back shows up as an event, and
+  the scraper writes them again.
+- On start (or a peering hand-over) the entries already in the status are adopted for the
+  engine starts they name, so a restarted operator neither re-reads every engine nor writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import kopf
+from prometheus_client import CollectorRegistry, Counter
+
+from heteroserve_engines.protocol.binding_report import BindingReportError, find_binding
+
+from .api.models import GROUP, PLURAL, VERSION
+from .decode_bindings import (
+    FIELD,
+    DecodeEngine,
+    EngineKey,
+    Learned,
+    OwnerKey,
+    adopt,
+    decode_engine,
+    entries,
+    retry_delay,
+)
+from .kube import ApiError, KubeApi
+from .peering import PeeringGate
+from .render.meta import LABEL_OWNER
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScrapeSettings:
+    # Seconds one read of an engine's /metrics may take in all (connect, headers, body). A
+    # decode engine answers in milliseconds; a pod address that does not route costs this much.
+    timeout_seconds: float = 2.0
+    # Engines read at the same time: a rollout of many pods does not open a burst of sockets.
+    concurrency: int = 8
+    # Seconds before the first retry of a failed read; doubled per failure up to the cap.
+    retry_first_seconds: float = 5.0
+    retry_max_seconds: float = 300.0
+    # Bytes of /metrics read at most; a longer answer counts as one without the binding (a
+    # foreign engine's exposition; heteroserve's is a few KiB).
+    max_body_bytes: int = 4 * 2**20
+    # Seconds before a failed status write (or a paused peering replica) looks again.
+    write_retry_seconds: float = 5.0
+
+
+class ScrapeFailed(RuntimeError):
+    """The engine's /metrics could not be read (retried later)."""
+
+
+@dataclass
+class _Attempts:
+    failures: int = 0
+    next_at: float = 0.0
+    last_error: str = ""
+
+
+class BindingScraper:
+    def __init__(self, kube: KubeApi, gate: PeeringGate, registry: CollectorRegistry | None = None,
+                 settings: ScrapeSettings | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        self.kube, self.gate = kube, gate
+        self.settings = settings or ScrapeSettings()
+        self.transport = transport
+        self.scrapes = Counter("heteroserve_operator_binding_scrapes",
+                               "Reads of decode engines' /metrics for their CPU binding, by "
+                               "result (reported, not_reported, failed)", ["result"],
+                               registry=registry)
+        self.engines: dict[tuple[str, str], DecodeEngine] = {}   # (namespace, pod)
+        self.learned: dict[EngineKey, Learned] = {}
+        self.attempts: dict[EngineKey, _Attempts] = {}
+        self.live: dict[OwnerKey, list[dict[str, Any]] | None] = {}  # seen deployments only
+        self.dirty: set[OwnerKey] = set()
+        self._wake = asyncio.Event()
+        self._retry_writes_at = 0.0
+
+    # -- what the watches say (kopf's event loop) ------------------------------------------------
+    def pod_event(self, pod: Mapping[str, Any], event_type: str | None) -> None:
+        meta = pod.get("metadata") or {}
+        where = (meta.get("namespace", ""), meta.get("name", ""))
+        before = self.engines.get(where)
+        engine = None if event_type == "DELETED" else decode_engine(pod)
+        if engine == before:
+            return
+        if engine is None:
+            del self.engines[where]
+        else:
+            self.engines[where] = engine
+            if before is not None and engine.key in self.attempts and \
+                    (before.address, before.port) != (engine.address, engine.port):
+                self.attempts.pop(engine.key)   # a new address: read it now
+        self.dirty.add((before or engine).owner_key)
+        self._wake.set()
+
+    def owner_event(self, body: Mapping[str, Any], event_type: str | None) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            self.live.pop(key, None)
+            self.dirty.discard(key)
+            return
+        value = (body.get("status") or {}).get(FIELD)
+        if key in self.live and self.live[key] == value:
+            return
+        self.live[key] = value
+        self.dirty.add(key)
+        self._wake.set()
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        timeout = httpx.Timeout(self.settings.timeout_seconds)
+        async with httpx.AsyncClient(timeout=timeout, transport=self.transport,
+                                     trust_env=False) as client:
+            limit = asyncio.Semaphore(self.settings.concurrency)
+            while True:
+                delay = self._next_due() - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), delay)
+                self._wake.clear()
+                try:
+                    await self.step(client, limit)
+                except Exception:
+                    log.exception("learning the decode engines' bindings failed; retrying")
+                    self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
+
+    def _next_due(self) -> float:
+        """When the loop has work next: dirty deployments at once, else the earliest retry; not
+        before a failed write's (or a paused replica's) pause is over."""
+        if self.dirty:
+            due = time.monotonic()
+        else:
+            due = min((self.attempts[e.key].next_at for e in self.engines.values()
+                       if e.metrics_url() and e.key not in self.learned
+                       and e.key in self.attempts), default=time.monotonic() + 3600.0)
+        return max(due, self._retry_writes_at)
+
+    async def step(self, client: httpx.AsyncClient, limit: asyncio.Semaphore) -> None:
+        """Reads what is due, writes what changed."""
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        if not await loop.run_in_executor(None, self.gate.active):
+            self._retry_writes_at = now + self.settings.write_retry_seconds
+            return
+        for engine in self.engines.values():
+            self._adopt(engine)
+        due = [e for e in self.engines.values() if e.metrics_url() and e.key not in self.learned
+               and self.attempts.get(e.key, _Attempts()).next_at <= now]
+        results = await asyncio.gather(*(self._read(client, limit, e) for e in due))
+        for engine, result in zip(due, results, strict=True):
+            self._record(engine, result)
+        self._forget_gone()
+        await self._write_changed(loop)
+
+    def _adopt(self, engine: DecodeEngine) -> None:
+        if engine.key and engine.key not in self.learned:
+            adopted = adopt(self.live.get(engine.owner_key), engine)
+            if adopted is not None:
+                self.learned[engine.key] = adopted
+
+    async def _read(self, client: httpx.AsyncClient, limit: asyncio.Semaphore,
+                    engine: DecodeEngine) -> Learned | ScrapeFailed:
+        async with limit:
+            try:
+                return await asyncio.wait_for(self._scrape(client, engine.metrics_url()),
+                                              self.settings.timeout_seconds)
+            except TimeoutError:
+                return ScrapeFailed(f"no answer within {self.settings.timeout_seconds:g} s")
+            except (httpx.HTTPError, ScrapeFailed, BindingReportError) as error:
+                return ScrapeFailed(str(error) or type(error).__name__)
+            except Exception as error:  # one engine's oddity must not stop the others' reads
+                return ScrapeFailed(f"{type(error).__name__}: {error}")
+
+    async def _scrape(self, client: httpx.AsyncClient, url: str) -> Learned:
+        async with client.stream("GET", url) as response:
+            if response.status_code == 404:
+                return Learned(None)   # no /metrics at all
+            if response.status_code != 200:
+                raise ScrapeFailed(f"HTTP {response.status_code}")
+            body = bytearray()
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > self.settings.max_body_bytes:
+                    return Learned(None)
+        return Learned(find_binding(body.decode("utf-8", errors="replace")))
+
+    def _record(self, engine: DecodeEngine, result: Learned | ScrapeFailed) -> None:
+        if isinstance(result, Learned):
+            self.learned[engine.key] = result
+            self.attempts.pop(engine.key, None)
+            self.scrapes.labels("reported" if result.binding else "not_reported").inc()
+            self.dirty.add(engine.owner_key)
+            return
+        self.scrapes.labels("failed").inc()
+        attempts = self.attempts.setdefault(engine.key, _Attempts())
+        attempts.failures += 1
+        delay = retry_delay(attempts.failures, self.settings.retry_first_seconds,
+                            self.settings.retry_max_seconds)
+        attempts.next_at = time.monotonic() + delay
+        if str(result) != attempts.last_error:   # one line per engine start and cause
+            attempts.last_error = str(result)
+            log.warning("%s/%s: cannot read the decode engine's binding from %s: %s (retrying "
+                        "with back-off)", engine.namespace, engine.pod, engine.metrics_url(),
+                        result)
+
+    def _forget_gone(self) -> None:
+        keys = {e.key for e in self.engines.values()}
+        for table in (self.learned, self.attempts):
+            for key in [k for k in table if k not in keys]:
+                del table[key]
+
+    def _wanted(self, owner: OwnerKey) -> list[dict[str, Any]]:
+        engines = [e for e in self.engines.values() if e.owner_key == owner]
+        for engine in engines:
+            self._adopt(engine)
+        return entries(engines, self.learned)
+
+    def _replace_engines(self, owner: OwnerKey, pods: list[dict[str, Any]]) -> None:
+        for where in [w for w, e in self.engines.items() if e.owner_key == owner]:
+            del self.engines[where]
+        for pod in pods:
+            engine = decode_engine(pod)
+            if engine is not None and engine.owner_key == owner:
+                self.engines[(engine.namespace, engine.pod)] = engine
+
+    async def _write_changed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Writes each dirty deployment whose entries differ from the live ones. Before a write,
+        one LIST of its pods (from the apiserver's watch cache) checks the index: the pod and
+        InferenceDeployment watches deliver independently (at start-up, a deployment's listing
+        may come before its pods'), and entries written from half an index would be wrong."""
+        for owner in sorted(self.dirty):
+            self.dirty.discard(owner)
+            if owner not in self.live:
+                continue   # not seen yet: its first event marks it again
+            if self._wanted(owner) == (self.live[owner] or []):
+                continue
+            namespace, name = owner
+            try:
+                pods = await loop.run_in_executor(None, self.kube.pods, namespace,
+                                                  f"{LABEL_OWNER}={name}")
+                self._replace_engines(owner, pods)
+                wanted = self._wanted(owner)
+                if wanted == (self.live.get(owner) or []):
+                    continue
+                await loop.run_in_executor(None, self.kube.patch_status, namespace, name,
+                                           {FIELD: wanted or None})
+            except ApiError as error:
+                if error.status == 404:
+                    self.live.pop(owner, None)
+                    continue
+                log.warning("%s/%s: cannot write %s: %s", namespace, name, FIELD, error)
+                self.dirty.add(owner)
+                self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
+                return
+            # What the write made of it; the watch event that follows confirms it.
+            self.live[owner] = wanted or None
+            self._wake.set()   # engines the LIST added may be due for a read
+
+
+# -- kopf wiring (the scraper arrives through kopf's memo, built in __main__) ---------------------
+@kopf.on.startup()
+async def start_binding_scraper(memo: kopf.Memo, **_) -> None:
+    memo.binding_task = asyncio.create_task(memo.bindings.run())
+
+
+@kopf.on.cleanup()
+async def stop_binding_scraper(memo: kopf.Memo, **_) -> None:
+    task = getattr(memo, "binding_task", None)
+    if task:
+        task.cancel()
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT})
+async def decode_pod_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
+    memo.bindings.pod_event(body, event.get("type"))
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def deployment_bindings_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
+                                      **_) -> None:
+    memo.bindings.owner_event(body, event.get("type"))
