@@ -29,5 +29,9 @@ EXPOSE 8002
 # GOMP_CPU_AFFINITY and execs the engine (docs/cpu-engine.md, "Binding inside the container").
 # A pod that sets `command` replaces this: the operator renders the same wrapper with its plan,
 # `heteroserve-bind --numa-nodes N --threads-per-node K -- heteroserve-cpu-engine`.
+# The decode pods of engine images without this entrypoint (sysHAX's CPU vLLM, sysInfer) run this
+# image as an init container: `python -m heteroserve_engines.bind.zipapp <file>` writes the same
+# code as a standard-library-only zipapp into a shared emptyDir, and their engine runs
+# `python3 <file> ... -- <its own command>` (render/engines/bind_wrapper.py).
 ENTRYPOINT ["heteroserve-bind", "--", "heteroserve-cpu-engine"]
 CMD ["--host", "0.0.0.0", "--port", "8002"]

@@ -33,6 +33,28 @@ def volumes(pod: dict) -> dict[str, dict]:
     return {v["name"]: v for v in pod["spec"]["volumes"]}
 
 
+BIND_ZIPAPP = "/var/run/heteroserve/bind/heteroserve-bind.pyz"
+
+
+def check_bound_from_the_grant(pod: dict, engine: dict, *, numa_nodes: int, per_node: int,
+                               seed_command: list[str]) -> None:
+    """An image without heteroserve-bind (sysHAX's CPU vLLM, sysInfer) runs the zipapp an init
+    container from heteroserve's CPU engine image wrote, in front of the seed's own command."""
+    assert engine["command"] == ["python3", BIND_ZIPAPP, "--numa-nodes", str(numa_nodes),
+                                 "--threads-per-node", str(per_node), "--", *seed_command]
+    (init,) = pod["spec"]["initContainers"]
+    assert init["image"] == "ghcr.io/heteroserve/cpu-engine:0.1.0"
+    assert init["command"] == ["python", "-m", "heteroserve_engines.bind.zipapp", BIND_ZIPAPP]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert mounts(init)["/var/run/heteroserve/bind"] == mounts(engine)[
+        "/var/run/heteroserve/bind"] == "heteroserve-bind"
+    assert "emptyDir" in volumes(pod)["heteroserve-bind"]
+    # The init container keeps the pod Guaranteed (exclusive cores for the engine).
+    assert init["resources"]["requests"] == init["resources"]["limits"]
+    assert pod["status"]["qosClass"] == "Guaranteed"
+
+
 SYSHAX_GPU_ARGS = [
     "--served-model-name=ds-32b", "--host", "0.0.0.0", "--port", "8001", "--dtype=half",
     "--swap_space=16", "--block_size=16", "--preemption_mode=swap", "--max_model_len=8192",
@@ -56,8 +78,15 @@ def check_syshax(cluster, ns, name, *, cpus, affinity, quant, nrc, memory):
     assert volumes(prefill)["models"]["hostPath"]["path"] == "/home/models"
     assert container(prefill, "router")["ports"][0]["containerPort"] == 8010
     cpu = container(decode, "engine")
-    assert cpu["command"] == ["vllm", "serve", "/home/models/DeepSeek-R1-Distill-Qwen-32B"]
+    check_bound_from_the_grant(decode, cpu, numa_nodes=4, per_node=cpus // 4, seed_command=[
+        "vllm", "serve", "/home/models/DeepSeek-R1-Distill-Qwen-32B"])
     assert cpu["args"] == SYSHAX_CPU_ARGS
+    # The seed's --privileged, reduced to the NUMA syscalls the default seccomp profile refuses:
+    # UID 1000, no capabilities, seccomp Unconfined (docs/security.md).
+    assert decode["spec"]["securityContext"]["runAsUser"] == 1000
+    assert cpu["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert cpu["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert cpu["securityContext"]["allowPrivilegeEscalation"] is False
     assert env(cpu) | {"HOME": "/tmp"} == {
         "INFERENCE_OP_MODE": "fused", "OMP_NUM_THREADS": str(cpus),
         "CUSTOM_CPU_AFFINITY": affinity, "GOMP_CPU_AFFINITY": affinity,
@@ -82,7 +111,7 @@ def check_syshax_q4(cluster, ns, name):
 
 def check_gaudi(cluster, ns, name, *, args, cache_path, modules, cards=4,
                 command=("bash", "scripts/start_gaudi_vllm_server.sh"),
-                workdir="/workspace/vllm-fork"):
+                workdir="/workspace/vllm-fork", capabilities=("SYS_NICE",)):
     (pod,) = pods(cluster, ns, name, "prefill")
     engine = container(pod, "engine")
     assert engine["command"] == list(command)
@@ -92,7 +121,12 @@ def check_gaudi(cluster, ns, name, *, args, cache_path, modules, cards=4,
     assert limits["habana.ai/gaudi"] == str(cards)
     # The host's 15000 pages of 2 MiB for 8 cards, shared per card.
     assert limits["hugepages-2Mi"] == f"{cards * 3750}Mi"
-    assert engine["securityContext"]["capabilities"]["add"] == ["SYS_NICE"]
+    # The seed's --cap-add=sys_nice acts only for root: the engine runs as root, as the
+    # seed's image does, every other capability dropped; the router stays UID 1000.
+    assert engine["securityContext"]["capabilities"] == {"drop": ["ALL"],
+                                                         "add": list(capabilities)}
+    assert engine["securityContext"]["runAsUser"] == 0
+    assert container(pod, "router")["securityContext"]["runAsUser"] == 1000
     variables = env(engine)
     # The device plugin sets HABANA_VISIBLE_DEVICES to the cards it allocated.
     assert "HABANA_VISIBLE_DEVICES" not in variables
@@ -126,6 +160,7 @@ def check_gaudi_r1_fp8(cluster, ns, name):
     """Seed 003, 3.1: start_vllm.sh -w ... -q -u ... -p 8688 -b 128 -l 16384 -c ..."""
     check_gaudi(cluster, ns, name, cache_path="/data/warmup_cache", modules=None, cards=8,
                 command=("bash", "start_vllm.sh"), workdir="/workspace/vllm-fork/quickstart",
+                capabilities=("SYS_NICE", "IPC_LOCK"),
                 args=["-w", "/data/hf_models/DeepSeek-R1-0528-G2", "-q", "-u", "0.0.0.0",
                       "-p", "8688", "-b", "128", "-l", "16384", "-c", "/data/warmup_cache"])
     router = yaml.safe_load(get_json(cluster, "configmap", f"{name}-router", "-n", ns)[
@@ -151,6 +186,10 @@ def check_ksana(cluster, ns, name, *, resource, count, node):
         "data"]["router.yaml"])
     assert router["accelerator"]["modelsPath"] == "/models"
     assert pod["spec"]["nodeName"] == node
+    # Root (its image's tree and log), never privileged; the router stays UID 1000.
+    assert engine["securityContext"]["runAsUser"] == 0
+    assert not engine["securityContext"].get("privileged")
+    assert container(pod, "router")["securityContext"]["runAsUser"] == 1000
     return pod, engine, config
 
 
@@ -166,7 +205,11 @@ def check_ksana_ascend(cluster, ns, name):
     assert volumes(pod)["npu-smi"]["hostPath"]["path"] == "/usr/local/sbin/npu-smi"
     assert mounts(engine)["/var/log/npu"] == mounts(engine)["/usr/slog"] == "npu-log"
     assert volumes(pod)["npu-log"]["hostPath"]["path"] == "/var/log/npu"
-    assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/npu.chip.name": "910B2C"}
+    # "Only Support Ascend NPU + X86 CPU" (seed 004).
+    assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/npu.chip.name": "910B2C",
+                                           "kubernetes.io/arch": "amd64"}
+    assert engine["securityContext"]["capabilities"] == {"drop": ["ALL"],
+                                                         "add": ["DAC_OVERRIDE"]}
     assert volumes(pod)["dshm"]["emptyDir"]["sizeLimit"] == "50Gi"
 
 
@@ -177,7 +220,11 @@ def check_ksana_nvidia(cluster, ns, name):
 def check_sysinfer(cluster, ns, name):
     (pod,) = pods(cluster, ns, name, "decode")
     engine = container(pod, "engine")
-    assert engine["command"] == ["./server"]
+    check_bound_from_the_grant(pod, engine, numa_nodes=4, per_node=22, seed_command=["./server"])
+    assert engine["workingDir"] == "/app"
+    assert engine["securityContext"] == {"allowPrivilegeEscalation": False,
+                                         "readOnlyRootFilesystem": False,
+                                         "capabilities": {"drop": ["ALL"]}}
     assert engine["args"] == ["/models/Baichuan2-13B-Chat-Q4_0.gguf", "-t", "0.0", "-n", "4096"]
     assert engine["ports"][0]["containerPort"] == 7860
     variables = env(engine)

@@ -640,15 +640,17 @@ def test_the_builtin_cpu_engine_binds_inside_its_container_in_the_plans_shape():
     """heteroserve-bind in front of the builtin decode engine: the binding comes from the
     cpuset the kubelet grants, checked against the plan's NUMA nodes and CPUs per node (two
     replicas on one node must not both bind the plan's first CPUs). Other engines' images have
-    no entrypoint: their command is theirs."""
+    no entrypoint: they run the same code as a zipapp (tests/unit/test_engine_security.py)."""
     from heteroserve_operator.numa import NumaPlan
     from heteroserve_operator.render.engines.builtin import bind_command
 
     plan = NumaPlan("n", ((0, (0, 1, 2, 3)), (1, (40, 41, 42, 43))))
     assert bind_command(plan) == ["heteroserve-bind", "--numa-nodes", "2",
                                   "--threads-per-node", "4", "--"]
-    for rendered_spec, binds in ((spec(), True), (pair("vllm", "vllm-cpu"), False)):
+    for rendered_spec, wrapper in ((spec(), ["heteroserve-bind"]),
+                                   (pair("vllm", "vllm-cpu"),
+                                    ["python3", "/var/run/heteroserve/bind/heteroserve-bind.pyz"])):
         decode = engine_of(pod_specs(render(rendered_spec, OWNER, FACTS))["m-decode"])
-        assert (decode["command"][0] == "heteroserve-bind") is binds
+        assert decode["command"][:len(wrapper)] == wrapper
         # The plan's binding stays in the env: the fallback, and what `heteroserve run` uses.
         assert "CUSTOM_CPU_AFFINITY" in {e["name"] for e in decode["env"]}

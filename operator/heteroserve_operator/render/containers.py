@@ -8,7 +8,7 @@ from typing import Any
 from ..api.models import InferenceDeploymentSpec
 from . import images
 from .engines import EngineContainer
-from .security import container_security_context
+from .security import container_security_context, restricted_container_context
 
 # Where the router ConfigMap (`router_config.router_configmap`, key `router.yaml`) is mounted.
 ROUTER_CONFIG_DIR = "/etc/heteroserve/router"
@@ -31,7 +31,8 @@ def engine_container(engine: EngineContainer, resources: dict[str, Any],
                      extra_mounts: list[dict[str, Any]],
                      capabilities: tuple[str, ...] = (), *, name: str = "engine",
                      port_name: str = "engine") -> dict[str, Any]:
-    """`name`/`port_name`: another engine's in a pod that holds two (render/same_node.py)."""
+    """`name`/`port_name`: another engine's in a pod that holds two (render/same_node.py).
+    `capabilities`: the accelerator profile's, added to what the engine profile declares."""
     container: dict[str, Any] = {
         "name": name,
         "image": engine.image,
@@ -48,15 +49,19 @@ def engine_container(engine: EngineContainer, resources: dict[str, Any],
                               max(1, math.ceil(engine.startup_seconds / 10))),
         "readinessProbe": probe(port_name, engine.health_path, 5, 3),
         "livenessProbe": probe(port_name, engine.health_path, 20, 3),
-        "securityContext": container_security_context(capabilities),
+        "securityContext": container_security_context(
+            engine.security.with_capabilities(capabilities)),
     }
     if engine.working_dir:
         container["workingDir"] = engine.working_dir
     return container
 
 
-def router_container(spec: InferenceDeploymentSpec, exclusive_cpu: bool) -> dict[str, Any]:
-    """The router sidecar. In a Guaranteed decode pod it needs an integer CPU of its own."""
+def router_container(spec: InferenceDeploymentSpec, exclusive_cpu: bool,
+                     root_pod: bool = False) -> dict[str, Any]:
+    """The router sidecar. In a Guaranteed decode pod it needs an integer CPU of its own. In the
+    pod of an engine that runs as root (`root_pod`: no user at pod level) it says on itself that
+    it runs restricted, as UID 1000."""
     memory = "512Mi"
     resources: dict[str, Any] = {"requests": {"memory": memory}, "limits": {"memory": memory}}
     if exclusive_cpu:
@@ -76,7 +81,9 @@ def router_container(spec: InferenceDeploymentSpec, exclusive_cpu: bool) -> dict
         # unhealthy upstream).
         "readinessProbe": probe("http", "/ready", 5, 3),
         "livenessProbe": probe("http", "/health", 20, 3),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "securityContext": {
+            **(restricted_container_context() if root_pod else container_security_context()),
+            "readOnlyRootFilesystem": True},
     }
 
 

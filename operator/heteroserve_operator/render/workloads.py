@@ -45,16 +45,22 @@ def _volumes(spec: InferenceDeploymentSpec, engine: EngineContainer, owner: meta
     return volumes, mounts
 
 
-def _pod_spec(containers: list[dict], volumes: list[dict], grace_seconds: int) -> dict[str, Any]:
-    """No API token and no service links: engines and routers never talk to the API server."""
-    return {
+def _pod_spec(engine: EngineContainer, containers: list[dict], volumes: list[dict],
+              grace_seconds: int) -> dict[str, Any]:
+    """No API token and no service links: engines and routers never talk to the API server.
+    The pod's security context is the engine's (render/security.py); the engine's init
+    containers run first."""
+    pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "securityContext": pod_security_context(),
+        "securityContext": pod_security_context(engine.security),
         "containers": containers,
         "volumes": volumes,
         "terminationGracePeriodSeconds": grace_seconds,
     }
+    if engine.init_containers:
+        pod["initContainers"] = [dict(c) for c in engine.init_containers]
+    return pod
 
 
 def _deployment(owner: meta.Owner, name: str, component: str, replicas: int,
@@ -107,14 +113,15 @@ def prefill_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner,
     resources = {"requests": requests, "limits": {**accel.limits, **requests}}
     containers = [
         engine_container(engine, resources, mounts + list(accel.mounts), accel.capabilities),
-        router_container(spec, exclusive_cpu=decode is not None),
+        router_container(spec, exclusive_cpu=decode is not None,
+                         root_pod=engine.security.runs_as_root),
     ]
     if decode:
         decode_volumes, decode_container = _shared_pod_decode(spec, owner, decode)
         volumes += decode_volumes
         containers.insert(1, decode_container)
-    pod_spec = _pod_spec(containers, volumes, grace_seconds=60)
-    selector = {**accel.node_selector, **prefill.node_selector}
+    pod_spec = _pod_spec(engine, containers, volumes, grace_seconds=60)
+    selector = {**accel.node_selector, **engine.node_selector, **prefill.node_selector}
     if decode:
         selector.update(spec.decode.node_selector)
     if selector:
@@ -159,10 +166,12 @@ def decode_deployment(spec: InferenceDeploymentSpec, owner: meta.Owner, engine: 
     containers = [engine_container(engine, {"requests": amounts, "limits": dict(amounts)},
                                    mounts)]
     if serving:
-        containers.append(router_container(spec, exclusive_cpu=True))
-    pod_spec = _pod_spec(containers, volumes, grace_seconds=30)
-    if decode.node_selector:
-        pod_spec["nodeSelector"] = dict(decode.node_selector)
+        containers.append(router_container(spec, exclusive_cpu=True,
+                                           root_pod=engine.security.runs_as_root))
+    pod_spec = _pod_spec(engine, containers, volumes, grace_seconds=30)
+    selector = {**engine.node_selector, **decode.node_selector}
+    if selector:
+        pod_spec["nodeSelector"] = selector
     affinity: dict[str, Any] = {}
     if placement.nodes:
         affinity["nodeAffinity"] = _on_nodes(placement.nodes)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..security import RESTRICTED, SecurityProfile
+
 
 @dataclass(frozen=True)
 class EngineContainer:
@@ -36,6 +38,13 @@ class EngineContainer:
     # Mounts the deployment's KV token (render/kv_token.py) and hands KV over with it: exports
     # as a prefill engine, imports as a decode engine. Only heteroserve's own pair does.
     kv_token: bool = False
+    # The engine container's user, capabilities and seccomp profile (render/security.py):
+    # restricted unless the engine's image needs more, with the reason.
+    security: SecurityProfile = RESTRICTED
+    # Node labels the engine's image requires (an architecture it is built for).
+    node_selector: dict[str, str] = field(default_factory=dict)
+    # Containers that run before the engine in its pod (render/engines/bind_wrapper.py).
+    init_containers: list[dict[str, Any]] = field(default_factory=list)
 
 
 PREFILL_PORT = 8001

@@ -7,7 +7,7 @@ from ...api.models import InferenceDeploymentSpec
 from ...numa import NumaPlan
 from .. import images, kv_token, same_node
 from ..accelerators import AcceleratorProfile
-from . import DECODE_PORT, PREFILL_PORT, EngineContainer, user_env
+from . import DECODE_PORT, PREFILL_PORT, EngineContainer, bind_wrapper, user_env
 from .cpu_env import decode_environment
 
 
@@ -35,11 +35,8 @@ def bind_command(plan: NumaPlan) -> list[str]:
     """`heteroserve-bind` in front of the engine: the binding is computed in the container from
     the cpuset the kubelet granted (two replicas on one node get different exclusive cores under
     the static CPU manager), checked against the plan's shape, then exported; the rendered
-    binding variables are only the plan's fallback (docs/cpu-engine.md)."""
-    # The planner gives every NUMA node the same number of CPUs (the seeds' rule).
-    per_node = len(plan.cpus_by_numa_node[0][1])
-    return ["heteroserve-bind", "--numa-nodes", str(len(plan.cpus_by_numa_node)),
-            "--threads-per-node", str(per_node), "--"]
+    binding variables are only the plan's fallback (docs/cpu-engine.md, bind_wrapper.py)."""
+    return bind_wrapper.bind_command(plan)
 
 
 def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:

@@ -2,6 +2,16 @@
 
 Its YAML carries the parallelism and batching; host 0.0.0.0 explicitly (one fork defaults to
 localhost). KsanaLLM lists models at /models, not /v1/models, and has no /health route.
+
+Security: the seed runs it `-u root --privileged` with SYS_ADMIN, SYS_PTRACE and an unconfined
+seccomp profile. It runs as root here too: the image is built as root and KsanaLLM writes its log
+under its working directory (`log/ksana_llm.log`, the KLLM_LOG_FILE default), inside that
+root-owned tree; on NPUs, CANN and the driver's device nodes also need root (security.ASCEND_CANN,
+which adds DAC_OVERRIDE). Not privileged, no SYS_ADMIN or SYS_PTRACE (profilers and debuggers),
+the default seccomp profile, every other capability dropped: Pod Security "baseline" on NVIDIA,
+"privileged" on Ascend (the driver is mounted from the host).
+
+"Only Support Ascend NPU + X86 CPU" (seed 004): the NPU pods select kubernetes.io/arch=amd64.
 """
 
 from __future__ import annotations
@@ -11,12 +21,19 @@ import yaml
 from ...api.models import InferenceDeploymentSpec
 from .. import images
 from ..accelerators import AcceleratorProfile
+from ..security import ASCEND_CANN, ROOT, SecurityProfile
 from . import PREFILL_PORT, EngineContainer, user_env
 
 CONFIG_DIR = "/etc/heteroserve/engine"
 WORKDIR = "/workspace/KsanaLLM/src/ksana_llm/python"
 DEFAULT_BLOCK_TOKENS = 16
 DEFAULT_BATCH = 128
+ARCH_LABEL = "kubernetes.io/arch"
+GPU_SECURITY = SecurityProfile(
+    user=ROOT, reason="the image is built as root and KsanaLLM writes log/ksana_llm.log under its "
+                      "root-owned working directory")
+NPU_SECURITY = SecurityProfile(user=ROOT, add_capabilities=ASCEND_CANN.add_capabilities,
+                               reason=f"{GPU_SECURITY.reason}; {ASCEND_CANN.reason}")
 
 
 def config(spec: InferenceDeploymentSpec) -> str:
@@ -54,4 +71,6 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
         config_files={"ksana.yaml": config(spec)},
         config_dir=CONFIG_DIR,
         shm_size=engine.shm_size or "50Gi",  # the seed's --shm-size=50g
+        security=NPU_SECURITY if npu else GPU_SECURITY,
+        node_selector={ARCH_LABEL: "amd64"} if npu else {},
     )

@@ -6,6 +6,11 @@
 It listens on 7860 and has no health route (TCP check). It reads only the binding variables:
 the sysHAX knobs (INFERENCE_OP_MODE, SYSHAX_QUANTIZE, NRC) are not passed, the model file carries
 its quantization.
+
+The seed runs it unprivileged; it binds threads with libgomp (sched_setaffinity, allowed to any
+process on CPUs of its own cpuset) and sets no memory policy, so it runs restricted. The image
+has no heteroserve-bind: bind_wrapper.foreign_image puts it in front of `./server` (run from
+/app, the working directory, as in the seed).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from ...api.models import InferenceDeploymentSpec
 from ...numa import NumaPlan
 from .. import images
-from . import EngineContainer, user_env
+from . import EngineContainer, bind_wrapper, user_env
 from .cpu_env import binding_environment
 
 PORT = 7860
@@ -22,7 +27,7 @@ PORT = 7860
 def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
     engine = spec.decode.engine
     port = engine.port or PORT
-    return EngineContainer(
+    return bind_wrapper.foreign_image(EngineContainer(
         image=engine.image or images.SYSINFER,
         command=["./server"],
         args=[spec.model.path, "-t", "0.0", "-n", str(spec.model.max_model_len), *engine.args],
@@ -32,4 +37,4 @@ def decode(spec: InferenceDeploymentSpec, plan: NumaPlan) -> EngineContainer:
         metrics_path=None,
         working_dir="/app",
         startup_seconds=900,
-    )
+    ), plan)

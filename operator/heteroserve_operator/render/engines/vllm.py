@@ -3,6 +3,9 @@
 Flags as in the sysHAX guide (seed 000/001): --served-model-name, --host 0.0.0.0, --port,
 --dtype, --swap_space, --block_size, --preemption_mode, --max_model_len, --tensor-parallel-size,
 --gpu_memory_utilization; underscores where the guide writes them so.
+
+Restricted (render/security.py): the seed runs the GPU container unprivileged; vLLM on GPUs needs
+no capability, no memory policy and no root (its caches go under HOME=/tmp).
 """
 
 from __future__ import annotations

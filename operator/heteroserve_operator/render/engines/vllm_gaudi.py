@@ -15,6 +15,15 @@ its node-local directory is keyed by a hash of exactly those: not of the flags t
 and how to start (-p, -u, -c, -m) or how much to warm up (-s, -r). The seed restarts with `-s` or
 `-r` on the cache a full warmup filled, so those must find the same directory. First warmup takes
 about 10 minutes (70B) to an hour (DeepSeek-R1): the startup probe allows an hour.
+
+Security: the seed's containers run as root with `--cap-add=sys_nice` (seed 1.2.1, 3.2; 3.1 adds
+CAP_IPC_LOCK with `--ulimit memlock=-1` for the 8-card scale-out). A capability only acts for
+UID 0 (Kubernetes sets no ambient capabilities), so the engine runs as root, as the seed's image
+does, with every other capability dropped, no privilege escalation and the default seccomp
+profile (which with SYS_NICE in the bounding set also allows mbind/set_mempolicy). The recipe
+cache is a hostPath the kubelet creates root:root 0755 (DirectoryOrCreate): writable by the
+engine's user, root, with no fsGroup (which hostPath volumes ignore) and no chown step. Pod
+Security: "privileged" (SYS_NICE is not on baseline's list; the cache is a hostPath).
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from ...api.models import InferenceDeploymentSpec
 from .. import images
 from ..accelerators import AcceleratorProfile
 from ..meta import digest
+from ..security import ROOT, SecurityProfile
 from . import EngineContainer, user_env
 
 DEFAULT_PORT = 30001
@@ -37,6 +47,14 @@ DTYPES = {"auto": "bfloat16", "bfloat16": "bfloat16", "half": "float16", "float1
           "float32": "bfloat16"}
 # Flags that do not change the compiled recipes: (flag, takes a value).
 NOT_IN_CACHE_KEY = {"-p": True, "-u": True, "-c": True, "-m": True, "-r": True, "-s": False}
+SECURITY = SecurityProfile(
+    user=ROOT, add_capabilities=("SYS_NICE",),
+    reason="the seed's --cap-add=sys_nice, which acts only for root (the seed's image runs as "
+           "root); the recipe cache hostPath is root's")
+# Seed 3.1 (start_vllm.sh, 8 cards over the host NICs): locked memory for the RDMA buffers.
+START_VLLM_SECURITY = SecurityProfile(
+    user=ROOT, add_capabilities=("SYS_NICE", "IPC_LOCK"),
+    reason=SECURITY.reason + "; seed 3.1's CAP_IPC_LOCK (memlock -1) for the 8-card scale-out")
 
 
 def _start_vllm(spec: InferenceDeploymentSpec) -> bool:
@@ -126,4 +144,5 @@ def prefill(spec: InferenceDeploymentSpec, accelerator: AcceleratorProfile) -> E
         volumes=volumes,
         mounts=mounts,
         shm_size=engine.shm_size or "64Gi",
+        security=START_VLLM_SECURITY if start_vllm else SECURITY,
     )
