@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from heteroserve_operator.api import InferenceDeploymentSpec
-from heteroserve_operator.reconcile import cluster_facts
+from heteroserve_operator.reconcile import cluster_facts, is_subset
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import Owner
 from heteroserve_operator.render.security import LEVELS
@@ -137,3 +137,29 @@ def test_each_sample_as_rendered_needs_the_level_the_seeds_page_states(cluster, 
 
 def test_every_sample_has_a_level():
     assert {p.stem for p in SAMPLES.glob("*.yaml")} == set(SAMPLE_LEVELS)
+
+
+# render/accelerators/ascend.py writes `readOnly: false` on the NPU log mounts; the apiserver
+# drops false booleans, so the drift check sees drift on every reconcile. Strict: once fixed, the
+# marks must go.
+ASCEND_READ_ONLY_FALSE = pytest.mark.xfail(
+    strict=True, reason="ascend.py renders volumeMounts readOnly: false, which the apiserver "
+                        "drops (/var/log/npu, /usr/slog): the drift check never converges")
+
+
+@pytest.mark.parametrize("profile", [
+    pytest.param(name, marks=ASCEND_READ_ONLY_FALSE) if name.endswith("ascend") else name
+    for name in sorted(PROFILES)])
+def test_the_apiserver_keeps_every_field_each_profile_renders(cluster, enforced, profile):
+    """The operator's drift check sees no drift after the apiserver's defaulting: the new
+    fields (init containers, a container's own user and seccomp profile) come back as rendered,
+    or a reconcile would apply the Deployment again and again."""
+    spec, _levels = PROFILES[profile]
+    for child in render(spec, Owner("m", "ns", "uid-1"), FACTS).children:
+        if child["kind"] != "Deployment":
+            continue
+        # Into the test's namespace, without the owner (which exists nowhere).
+        bare = {**child, "metadata": {"name": child["metadata"]["name"]}}
+        result = cluster.kubectl("create", "--dry-run=server", "-n", enforced["privileged"],
+                                 "-o", "json", "-f", "-", stdin=json.dumps(bare))
+        assert is_subset(child["spec"], json.loads(result.stdout)["spec"]), profile
