@@ -7,10 +7,11 @@ It listens on 7860 and has no health route (TCP check). It reads only the bindin
 the sysHAX knobs (INFERENCE_OP_MODE, SYSHAX_QUANTIZE, NRC) are not passed, the model file carries
 its quantization.
 
-The seed runs it unprivileged; it binds threads with libgomp (sched_setaffinity, allowed to any
-process on CPUs of its own cpuset) and sets no memory policy, so it runs restricted. The image
-has no heteroserve-bind: bind_wrapper.foreign_image puts it in front of `./server` (run from
-/app, the working directory, as in the seed).
+The seed runs it with Docker's defaults (no --privileged, no capability, the default seccomp
+profile, which refuses the NUMA memory calls without SYS_NICE); libgomp binds its threads with
+sched_setaffinity, allowed to any process on CPUs of its own cpuset. So it runs restricted.
+The image has no heteroserve-bind: bind_wrapper.foreign_image puts it in front of `./server`
+(run from /app, the working directory, as in the seed).
 """
 
 from __future__ import annotations
