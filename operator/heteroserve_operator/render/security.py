@@ -10,8 +10,8 @@ constants and docs/security.md. Three kernel facts decide them:
   capabilities, so a process that is not UID 0 execs with an empty effective set. A capability
   that must act (Gaudi's SYS_NICE) needs UID 0.
 - The runtime's default seccomp profile (containerd's and Docker's) allows get_mempolicy, mbind
-  and set_mempolicy only to a container whose bounding set holds CAP_SYS_NICE, and never allows
-  migrate_pages or move_pages, whatever the capabilities.
+  and set_mempolicy only to a container whose bounding set holds CAP_SYS_NICE (older containerd:
+  never), and never allows migrate_pages or move_pages, whatever the capabilities.
 - Pod Security "baseline" admits added capabilities only from a short list (DAC_OVERRIDE is on
   it; SYS_NICE and IPC_LOCK are not), no Unconfined seccomp and no hostPath volumes;
   "restricted" admits no root, no capability but NET_BIND_SERVICE, and needs RuntimeDefault or
