@@ -6,12 +6,15 @@ carrying the field over (status.py)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from heteroserve_engines.protocol.binding_report import METRIC, ReportedBinding
+from heteroserve_operator.api.models import InferenceDeploymentSpec
 from heteroserve_operator.binding_scraper import BindingScraper, ScrapeSettings
 from heteroserve_operator.decode_bindings import (
     Learned,
@@ -21,7 +24,11 @@ from heteroserve_operator.decode_bindings import (
     retry_delay,
 )
 from heteroserve_operator.kube import ApiError
+from heteroserve_operator.reconcile import cluster_facts
+from heteroserve_operator.render.children import render
+from heteroserve_operator.render.meta import Owner
 from heteroserve_operator.status import compute_status
+from tests.cluster.catalogue import load_catalogue
 
 STARTED = "2026-11-26T20:00:00Z"
 OWNER = ("ns", "llm")
@@ -52,6 +59,37 @@ def pod(name: str = "llm-decode-a", *, component: str = "decode", node: str | No
 def report(cpus: str = "0-3", nodes: str = "0", threads: int = 4) -> str:
     return ('vllm:num_requests_running{model_name="m"} 0.0\n'
             f'{METRIC}{{cpus="{cpus}",numa_nodes="{nodes}",threads="{threads}"}} 1.0\n')
+
+
+SAMPLES = Path(__file__).resolve().parents[2] / "crds" / "samples"
+
+
+@pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.yaml")))
+def test_every_samples_engine_pods_have_no_api_token_and_a_readable_engine(sample):
+    """The premise: no engine pod can tell the API server what it bound, so the operator reads
+    it; and every decode engine rendered is one that decode_engine() finds, with its port."""
+    document = yaml.safe_load((SAMPLES / f"{sample}.yaml").read_text())
+    facts = cluster_facts([n.node_manifest() for n in load_catalogue()],
+                          [n.topology_manifest() for n in load_catalogue()])
+    owner = Owner(document["metadata"]["name"], "ns", "u")
+    rendered = render(InferenceDeploymentSpec.model_validate(document["spec"]), owner, facts)
+    engines = []
+    for deployment in (c for c in rendered.children if c["kind"] == "Deployment"):
+        template = deployment["spec"]["template"]
+        assert template["spec"]["automountServiceAccountToken"] is False
+        assert not any("projected" in v for v in template["spec"].get("volumes", []))
+        names = [c["name"] for c in template["spec"]["containers"]]
+        live = {"metadata": {**template["metadata"], "name": "p", "namespace": "ns"},
+                "spec": {**template["spec"], "nodeName": "n"},
+                "status": {"podIP": "10.0.0.1", "containerStatuses": [
+                    {"name": n, "ready": True, "state": {"running": {"startedAt": "t"}}}
+                    for n in names]}}
+        engine = decode_engine(live)
+        if engine is not None:
+            assert engine.owner == owner.name and engine.metrics_url().startswith(
+                "http://10.0.0.1:")
+            engines.append(engine)
+    assert len(engines) == (0 if document["spec"].get("decode") is None else 1)
 
 
 # -- the pure part ----------------------------------------------------------------------------
