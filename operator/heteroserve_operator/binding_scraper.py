@@ -65,6 +65,10 @@ class ScrapeSettings:
     max_body_bytes: int = 4 * 2**20
     # Seconds before a failed status write (or a paused peering replica) looks again.
     write_retry_seconds: float = 5.0
+    # Seconds the loop waits after start-up before its first pass, so that kopf's first listings
+    # of pods and InferenceDeployments have arrived (a deployment seen before its pods costs one
+    # LIST of them; see _write_changed).
+    settle_seconds: float = 2.0
 
 
 class ScrapeFailed(RuntimeError):
@@ -135,6 +139,7 @@ class BindingScraper:
         async with httpx.AsyncClient(timeout=timeout, transport=self.transport,
                                      trust_env=False) as client:
             limit = asyncio.Semaphore(self.settings.concurrency)
+            await asyncio.sleep(self.settings.settle_seconds)
             while True:
                 delay = self._next_due() - time.monotonic()
                 if delay > 0:

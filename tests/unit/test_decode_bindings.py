@@ -385,7 +385,7 @@ def test_a_failed_write_is_retried(status):
 def test_the_loop_wakes_for_events_and_for_retries():
     """`run()` as the operator runs it: an event wakes it at once, a failed read is retried
     when its back-off is over, and nothing else happens while idle."""
-    rig = Rig(ScrapeSettings(retry_first_seconds=0.3))
+    rig = Rig(ScrapeSettings(retry_first_seconds=0.3, settle_seconds=0.1))
     scraper = rig.scraper
 
     async def scenario():
