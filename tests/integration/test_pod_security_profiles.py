@@ -139,17 +139,7 @@ def test_every_sample_has_a_level():
     assert {p.stem for p in SAMPLES.glob("*.yaml")} == set(SAMPLE_LEVELS)
 
 
-# render/accelerators/ascend.py writes `readOnly: false` on the NPU log mounts; the apiserver
-# drops false booleans, so the drift check sees drift on every reconcile. Strict: once fixed, the
-# marks must go.
-ASCEND_READ_ONLY_FALSE = pytest.mark.xfail(
-    strict=True, reason="ascend.py renders volumeMounts readOnly: false, which the apiserver "
-                        "drops (/var/log/npu, /usr/slog): the drift check never converges")
-
-
-@pytest.mark.parametrize("profile", [
-    pytest.param(name, marks=ASCEND_READ_ONLY_FALSE) if name.endswith("ascend") else name
-    for name in sorted(PROFILES)])
+@pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_the_apiserver_keeps_every_field_each_profile_renders(cluster, enforced, profile):
     """The operator's drift check sees no drift after the apiserver's defaulting: the new
     fields (init containers, a container's own user and seccomp profile) come back as rendered,

@@ -18,6 +18,7 @@ from heteroserve_operator.render.facts import ClusterFacts, topology_from_labels
 from heteroserve_operator.render.meta import SPEC_HASH, Owner
 from heteroserve_operator.status import compute_status, transitions
 from tests.cluster.catalogue import load_catalogue
+from tests.engine_profiles import PROFILES
 
 OWNER = Owner("m", "ns", "uid-1")
 FACTS = cluster_facts([n.node_manifest() for n in load_catalogue()],
@@ -452,8 +453,32 @@ def test_ascend_mounts_npu_smi_from_sbin_and_the_npu_logs():
     assert not any(path.startswith("/usr/local/bin") for path in mounts)
     assert volumes["npu-log"]["hostPath"]["path"] == "/var/log/npu"
     for path in ("/var/log/npu", "/usr/slog"):
-        assert mounts[path]["name"] == "npu-log" and mounts[path]["readOnly"] is False
+        assert mounts[path]["name"] == "npu-log" and "readOnly" not in mounts[path]
     assert mounts["/usr/local/Ascend/driver"]["readOnly"] is True
+
+
+def false_read_only(node, where: str = "") -> list[str]:
+    """Where a readOnly: false sits: the apiserver drops it (a plain bool, omitempty), so the
+    drift check would see a difference on every reconcile."""
+    if isinstance(node, dict):
+        return [*([where] if node.get("readOnly") is False else []),
+                *(hit for key, value in node.items()
+                  for hit in false_read_only(value, f"{where}.{key}"))]
+    if isinstance(node, list):
+        return [hit for i, item in enumerate(node)
+                for hit in false_read_only(item, f"{where}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_no_profile_renders_a_false_read_only(profile):
+    children = render(PROFILES[profile][0], OWNER, FACTS).children
+    assert false_read_only(children) == []
+
+
+@pytest.mark.parametrize("sample", sorted(p.stem for p in SAMPLES.glob("*.yaml")))
+def test_no_sample_renders_a_false_read_only(sample):
+    assert false_read_only(render(sample_spec(sample), OWNER, FACTS).children) == []
 
 
 # -- the same-node pod: both builtin engines in one pod, sharing memory ---------------------------

@@ -30,7 +30,9 @@ def profile(accelerator: AcceleratorSpec) -> AcceleratorProfile:
     selector = {CHIP_LABEL: accelerator.product} if accelerator.product else {}
     volumes = [{"name": name, "hostPath": {"path": path}}
                for name, (path, _targets) in HOST_MOUNTS.items()]
-    mounts = [{"name": name, "mountPath": target, "readOnly": read_only}
+    # readOnly only when true: the apiserver drops a false one, and the drift check would see
+    # its absence as drift on every reconcile.
+    mounts = [{"name": name, "mountPath": target, **({"readOnly": True} if read_only else {})}
               for name, (_path, targets) in HOST_MOUNTS.items()
               for target, read_only in targets]
     return AcceleratorProfile(
