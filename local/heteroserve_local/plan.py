@@ -32,12 +32,11 @@ from heteroserve_operator.api import InferenceDeploymentSpec
 from heteroserve_operator.numa import NumaPlan, NumaPlanError
 from heteroserve_operator.render import same_node
 from heteroserve_operator.render.children import render
+from heteroserve_operator.render.engines import bind_wrapper
 from heteroserve_operator.render.facts import ClusterFacts
 from heteroserve_operator.render.meta import Owner
 
 LOOPBACK = "127.0.0.1"
-# The decode containers' entrypoint (heteroserve-bind ... -- <engine>), for pods only.
-BIND_COMMAND = "heteroserve-bind"
 ANY_ADDRESS = "0.0.0.0"
 # Seconds between the router's health checks and scrapes of local engines: a restarted engine is
 # noticed within a second or two (the cluster defaults follow sysHAX: 10 s).
@@ -232,10 +231,7 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
            if e["name"] != "HOME"}
     argv = [_expand(_local_path(a, paths), env)
             for a in [*container["command"], *container.get("args", [])]]
-    if argv[:1] == [BIND_COMMAND] and "--" in argv:
-        # No kubelet grants a cpuset here: the NUMA plan's binding (the env) is exact, and the
-        # entrypoint that derives it from a container's grant is left out.
-        argv = argv[argv.index("--") + 1:]
+    argv = _without_binding_entrypoint(argv)
     if tier is not None:  # engines listen on loopback only; the router is the endpoint
         argv = [LOOPBACK if a == ANY_ADDRESS else a for a in argv]
     probe = container.get("readinessProbe", {})
@@ -253,6 +249,19 @@ def _process(name: str, tier: str | None, container: dict, pod: dict,
                             "(pip install heteroserve)")
         process = _replace_argv0(process, found)
     return process
+
+
+def _without_binding_entrypoint(argv: list[str]) -> list[str]:
+    """The engine's own command. No kubelet grants a cpuset here: the NUMA plan's binding (the
+    env) is exact, so the decode container's entrypoint that derives it from the container's
+    grant is left out: `heteroserve-bind ... -- <engine>` (heteroserve's CPU engine image) or
+    `python3 <zipapp> ... -- <engine>` (other images; the zipapp an init container writes,
+    which the plan never runs, as it runs no init container)."""
+    if "--" not in argv:
+        return argv
+    if argv[:1] == [bind_wrapper.ENTRYPOINT] or argv[1:2] == [bind_wrapper.ZIPAPP]:
+        return argv[argv.index("--") + 1:]
+    return argv
 
 
 # The pod fields a container may read through the downward API, as they are on this machine.

@@ -201,6 +201,30 @@ def test_upstream_stands_in_for_a_missing_engine():
     assert config.cpu.urls == ["http://127.0.0.1:8002"]
 
 
+@pytest.mark.parametrize("installed", [set(), {"python3"}])
+def test_third_party_cpu_engines_run_without_the_bind_zipapp(installed):
+    """sysHAX's CPU vLLM and sysInfer start in a pod as `python3 <zipapp> ... -- <command>`,
+    the zipapp written by an init container: here the plan's binding (the env) is exact, so the
+    engine's own command runs, and nothing writes the zipapp."""
+    syshax = spec(**{**VLLM_PD, "decode": {**VLLM_PD["decode"],
+                                           "engine": {"kind": "vllm-cpu"}}})
+    local = local_plan(syshax, installed={*BUILTIN, "vllm", *installed})
+    assert [p.name for p in local.processes] == ["prefill", "decode", "router"]
+    decode = by_name(local)["decode"]
+    assert decode.argv[:3] == ("/venv/bin/vllm", "serve", "/models/m")
+    assert "--" not in decode.argv and not any(a.endswith(".pyz") for a in decode.argv)
+    assert decode.env["CUSTOM_CPU_AFFINITY"] == "0-1,4-5"
+    assert decode.dirs == () and decode.files == {}
+
+    sysinfer = spec(decode={"cpus": 4, "numaNodes": 2, "engine": {"kind": "sysinfer"}})
+    local = local_plan(sysinfer, installed={*BUILTIN, "/app/./server", *installed},
+                       dirs={"/app"})
+    assert [p.name for p in local.processes] == ["decode", "router"]
+    decode = by_name(local)["decode"]
+    assert decode.argv[:2] == ("./server", "/models/m") and decode.cwd == "/app"
+    assert decode.env["GOMP_CPU_AFFINITY"] == "0-1,4-5"
+
+
 BUILTIN_PD = {**VLLM_PD, "prefill": {"accelerator": {"type": "nvidia"},
                                      "engine": {"kind": "builtin"}},
               "decode": {**VLLM_PD["decode"], "engine": {"kind": "builtin"}}}
