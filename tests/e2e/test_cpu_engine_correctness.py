@@ -275,3 +275,24 @@ def test_next_token_agreement_with_llama_cpp(loaded):
         agree += int((ours.argmax(axis=1) == theirs.argmax(axis=1)).sum())
         total += len(ids)
     assert agree / total >= 0.95, f"teacher-forced next-token agreement {agree / total:.3f}"
+
+
+def test_the_chat_template_is_compiled_once(loaded, monkeypatch):
+    """Compiling the template cost milliseconds of the GIL per request, which stalled the event
+    loop behind a burst of admitted requests (the 429 tail, tests/bench/engine_overload.py): it is
+    compiled on first use and then shared, and recompiled only if the template changes."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    tok = GGUFTokenizer.from_gguf(loaded[2])
+    compiled = []
+    original = ImmutableSandboxedEnvironment.from_string
+    monkeypatch.setattr(ImmutableSandboxedEnvironment, "from_string",
+                        lambda self, source, *a, **k: compiled.append(source)
+                        or original(self, source, *a, **k))
+    messages = [{"role": "user", "content": "Hello"}]
+    first = tok.render_chat(messages)
+    assert tok.render_chat(messages) == first and tok.render_chat(messages) == first
+    assert len(compiled) == 1
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    assert tok.render_chat(messages) == "Hello"
+    assert len(compiled) == 2

@@ -3,10 +3,11 @@ Jinja2 for the template, following llama.cpp's reading of the same fields."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from functools import cache
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -52,6 +53,10 @@ class GGUFTokenizer:
     # The most UTF-8 bytes one token stands for: a text of n bytes has at least n / this
     # many tokens (a bound that refuses a prompt far over the context without encoding it).
     max_token_bytes: int = 1
+    # The chat template compiled once (_template): compiling it costs milliseconds of the GIL
+    # per request, which stalled the event loop behind a burst of admitted requests.
+    _compiled: tuple[str, Template] | None = field(default=None, repr=False)
+    _compile_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_gguf(cls, reader: GGUFFile) -> GGUFTokenizer:
@@ -104,9 +109,8 @@ class GGUFTokenizer:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
             raise ModelFileError("the model has no chat template (tokenizer.chat_template)")
-        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         try:
-            template = environment.from_string(self.chat_template)
+            template = self._template()
             return template.render(messages=messages,
                                    add_generation_prompt=add_generation_prompt,
                                    bos_token=self.token(self.bos_id),
@@ -114,6 +118,18 @@ class GGUFTokenizer:
         except TemplateError as error:
             raise ChatTemplateError(f"the model's chat template refused the messages: "
                                     f"{error}") from None
+
+    def _template(self) -> Template:
+        """The chat template, compiled on first use (a syntax error is a TemplateError on each
+        request, as before) and then shared: a sandboxed template renders thread-safely."""
+        compiled = self._compiled
+        if compiled is None or compiled[0] != self.chat_template:
+            with self._compile_lock:
+                environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                compiled = (self.chat_template,
+                            environment.from_string(self.chat_template))
+                self._compiled = compiled
+        return compiled[1]
 
     def token(self, index: int | None) -> str:
         return "" if index is None else (self.tokenizer.id_to_token(index) or "")
