@@ -5,6 +5,10 @@ events, EndpointSlice changes of its Service, and a periodic resync all call
 `Reconciler.reconcile` through a deduplicating work queue. No kopf progress storage or
 finalizers are used, so an idle operator writes
 nothing. The Reconciler arrives through kopf's `memo` (built in __main__).
+
+A watch event that only echoes the operator's own last write of that object (its status patch,
+a child's apply: the same resourceVersion) queues nothing: the reconcile that wrote it saw
+everything the event carries. Every other event, deletions included, queues a reconcile.
 """
 
 from __future__ import annotations
@@ -14,15 +18,31 @@ import logging
 
 import kopf
 
-from .api.models import GROUP, PLURAL, VERSION
+from .api.models import GROUP, KIND, PLURAL, VERSION
 from .render.meta import LABEL_OWNER, MANAGED_BY
 
 log = logging.getLogger(__name__)
 CHILD_LABELS = {**MANAGED_BY, LABEL_OWNER: kopf.PRESENT}
 
 
+class EventOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a deep copy of every watched object on every event (its "essence") to find
+    what changed for on.create/on.update handlers and daemons. This operator registers only
+    on.event handlers, which never see it; the copies were a fifth of the operator's CPU while
+    a thousand objects converged (docs/benchmarks.md, operator scale)."""
+
+    def build(self, *, body: kopf.Body, extra_fields=None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+
+def only_event_handlers(registry: kopf.OperatorRegistry) -> bool:
+    return not (registry._changing.get_all_handlers() or registry._spawning.get_all_handlers())
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+    if only_event_handlers(kopf.get_default_registry()):
+        settings.persistence.diffbase_storage = EventOnlyDiffBase()
     # kopf's per-handler success events would be writes on every reconcile; the reconciler
     # posts Events for condition transitions itself.
     settings.posting.enabled = False
@@ -43,7 +63,8 @@ async def stop_resync(memo: kopf.Memo, **_) -> None:
 
 
 async def _resync(memo: kopf.Memo) -> None:
-    """Level-triggered safety net: reconcile everything every `resync_seconds`."""
+    """Level-triggered safety net: reconcile everything every `resync_seconds` (objects that
+    a watch event had reconciled in the last half period are left out of that round)."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(memo.settings.resync_seconds)
@@ -53,8 +74,12 @@ async def _resync(memo: kopf.Memo) -> None:
                 memo.resyncs.labels("false").inc()
                 continue
             items = await loop.run_in_executor(None, memo.reconciler.kube.list_all_owners)
+            # An object reconciled within the last half period is not queued again, so every
+            # object is still reconciled at least once every 1.5 periods.
             for namespace, name in items:
-                memo.queue.add(namespace, name)
+                if memo.queue.add_unless_recent(namespace, name,
+                                                memo.settings.resync_seconds / 2):
+                    memo.reconciler.read_all_next(namespace, name)
             memo.resyncs.labels("true").inc()
         except Exception:
             log.exception("periodic resync failed; retrying at the next interval")
@@ -63,20 +88,38 @@ async def _resync(memo: kopf.Memo) -> None:
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
                                        **_) -> None:
+    namespace, name = body.metadata.namespace, body.metadata.name
     if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
+        memo.reconciler.forget(KIND, namespace, name)
         return  # owner references let the garbage collector remove the children
-    memo.queue.add(body.metadata.namespace, body.metadata.name)
+    if memo.reconciler.is_own_write(KIND, namespace, name, body.metadata.get("resourceVersion")):
+        return
+    memo.queue.add(namespace, name)
 
 
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=CHILD_LABELS)
+@kopf.on.event("networking.k8s.io", "v1", "ingresses", labels=CHILD_LABELS)
+@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS)
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT})
-async def child_changed(body: kopf.Body, memo: kopf.Memo, **_) -> None:
-    # EndpointSlices carry their Service's labels, so a router endpoint turning ready updates
-    # RouterReady without waiting for the resync. Pods of both tiers: a prefill (or same-node)
-    # pod that cannot be scheduled or keeps crashing is in the status at once too.
+async def child_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
+    # Every child kind is watched, so a child deleted or edited by hand is repaired at once
+    # rather than at the resync. EndpointSlices carry their Service's labels, so a router
+    # endpoint turning ready updates RouterReady without waiting for the resync. Pods of both
+    # tiers: a prefill (or same-node) pod that cannot be scheduled or keeps crashing is in the
+    # status at once too.
     owner = body.metadata.labels.get(LABEL_OWNER)
-    if owner:
-        memo.queue.add(body.metadata.namespace, owner)
+    if not owner:
+        return
+    kind, namespace, name = body.get("kind", ""), body.metadata.namespace, body.metadata.name
+    version = body.metadata.get("resourceVersion")
+    if event.get("type") == "DELETED":
+        memo.reconciler.forget(kind, namespace, name)
+        memo.reconciler.saw(kind, namespace, name, None)
+    else:
+        memo.reconciler.saw(kind, namespace, name, version)
+        if memo.reconciler.is_own_write(kind, namespace, name, version):
+            return
+    memo.queue.add(namespace, owner)

@@ -15,10 +15,12 @@ from typing import Any
 from urllib.parse import quote
 
 from kubernetes import client as k8s
+from kubernetes.client import rest as k8s_rest
 from prometheus_client import CollectorRegistry, Counter
 
 from .api.models import GROUP, KIND, PLURAL, VERSION
 from .render.meta import FIELD_MANAGER
+from .settings import OperatorSettings
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,14 @@ class ApiError(RuntimeError):
 class KubeApi:
     """A thin, typed-enough client over kubernetes' ApiClient (its auth and TLS)."""
 
-    def __init__(self, api_client: k8s.ApiClient, registry: CollectorRegistry | None = None):
+    def __init__(self, api_client: k8s.ApiClient, registry: CollectorRegistry | None = None,
+                 connections: int = OperatorSettings.workers + 4):
+        """`connections`: kept-alive connections to the apiserver, at least one per reconcile
+        worker (the client's default, 5 per CPU, would make workers beyond it open a new TLS
+        connection per request)."""
+        if (api_client.configuration.connection_pool_maxsize or 0) < connections:
+            api_client.configuration.connection_pool_maxsize = connections
+            api_client.rest_client = k8s_rest.RESTClientObject(api_client.configuration)
         self.api = api_client
         self.writes = Counter(
             "heteroserve_operator_api_writes", "Mutating requests sent to the API server",
@@ -180,10 +189,12 @@ class KubeApi:
         items = self._read(KIND, f"/apis/{GROUP}/{VERSION}/{PLURAL}").get("items", [])
         return [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in items]
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self._write("patch-status", KIND, "PATCH",
-                    f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}/status",
-                    body={"status": status}, content_type="application/merge-patch+json")
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]
+                     ) -> dict[str, Any]:
+        """Returns the object as written (its resourceVersion identifies the write's echo)."""
+        return self._write("patch-status", KIND, "PATCH",
+                           f"{INFERENCE_DEPLOYMENT.collection(namespace)}/{name}/status",
+                           body={"status": status}, content_type="application/merge-patch+json")
 
     def event(self, owner: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event on the InferenceDeployment (kubectl describe shows it)."""

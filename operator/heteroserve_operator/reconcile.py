@@ -4,6 +4,17 @@ Read the spec and the cluster facts -> render the desired children (pure) -> app
 differ from the live objects -> prune children no longer desired -> observe -> write status only
 when it changed. An unchanged spec makes no writes.
 
+Reads are what the operator adds to the control plane's load at scale (docs/benchmarks.md,
+operator scale), so a reconcile reads only what can have changed:
+- The first reconcile of an object (no status yet: it was never reconciled) applies every
+  desired child without reading it first, and lists no pods or endpoints while the Deployments it
+  applied are brand new. If one of them is not (an operator killed before its first status write
+  made it), the reconcile goes on to read, prune and observe as any other; else a child left
+  over from such a kill is pruned by the next reconcile, which the children's events trigger.
+- A child other than a Deployment (SEEN_KINDS) that the operator's watch has seen no event of
+  since the operator applied it (or read it as desired), with the same spec hash, is not read.
+  Deployments are read for their status. The periodic resync's reconcile reads everything.
+
 The KV token Secret (render/kv_token.py) is the one child that is not applied: its value is made
 here, once. The operator may create Secrets but not read them, so it cannot see whether the
 Secret exists; it creates it (an existing one is left as it is) before applying a Deployment whose
@@ -25,14 +36,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 from pydantic import ValidationError
 
-from .api.models import InferenceDeploymentSpec
+from .api.models import KIND, InferenceDeploymentSpec
 from .api.quantity import same_quantity
 from .kube import KINDS, SECRET, ApiError, KubeApi
 from .numa import NumaPlanError
 from .render import kv_token
 from .render.children import Rendered, possible_children, render
 from .render.facts import ClusterFacts, NodeFacts, topology_from_labels, topology_from_nrt
-from .render.meta import LABEL_COMPONENT, LABEL_OWNER, Owner
+from .render.meta import LABEL_COMPONENT, LABEL_OWNER, SPEC_HASH, Owner
 from .status import Observed, compute_status, transitions
 
 log = logging.getLogger(__name__)
@@ -45,6 +56,10 @@ class Outcome:
     status_written: bool = False
     error: str | None = None
 
+
+# Child kinds whose watch events the reconciler follows to skip reading them (handlers.py watches
+# every child kind; Deployments are read anyway, for their status).
+SEEN_KINDS = frozenset({"ConfigMap", "Service", "PodDisruptionBudget", "Ingress"})
 
 # Fields the apiserver stores as quantities in canonical form ("1.5Gi" comes back "1536Mi"):
 # the values of a container's resources.limits and resources.requests, an emptyDir's sizeLimit.
@@ -117,6 +132,60 @@ class Reconciler:
                                   "Reconciles of InferenceDeployments", ["result"],
                                   registry=registry)
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+        # (kind, namespace, name) -> the resourceVersion this operator's last write produced, so
+        # that the watch event echoing that write triggers no reconcile (nothing changed that
+        # the reconcile which wrote it did not already see).
+        self._own_versions: dict[tuple[str, str, str], str] = {}
+        # Children other than Deployments (SEEN_KINDS): the spec hash of
+        # what this operator last applied, and the resourceVersion its watch saw last. While
+        # the watch has seen nothing since that apply, the child is as applied and is not read
+        # again (a later edit's event queues a reconcile that reads it).
+        self._applied_hashes: dict[tuple[str, str, str], str] = {}
+        self._seen_versions: dict[tuple[str, str, str], str | None] = {}
+        # Objects whose next reconcile reads every child (the periodic resync: the safety net
+        # does not rely on the watches it backs up).
+        self._read_all: set[tuple[str, str]] = set()
+
+    def is_own_write(self, kind: str, namespace: str, name: str, version: str | None) -> bool:
+        """True when (kind, namespace, name) at `version` is what this operator last wrote."""
+        return version is not None and self._own_versions.get((kind, namespace, name)) == version
+
+    def saw(self, kind: str, namespace: str, name: str, version: str | None) -> None:
+        """A watch event of a child (`version` None: deleted)."""
+        if kind in SEEN_KINDS:
+            self._seen_versions[(kind, namespace, name)] = version
+
+    def read_all_next(self, namespace: str, name: str) -> None:
+        self._read_all.add((namespace, name))
+
+    def forget(self, kind: str, namespace: str, name: str) -> None:
+        for known in (self._own_versions, self._applied_hashes, self._seen_versions):
+            known.pop((kind, namespace, name), None)
+
+    def _wrote(self, kind: str, written: dict[str, Any] | None,
+               manifest: dict[str, Any] | None = None) -> None:
+        meta = (written or {}).get("metadata") or {}
+        if meta.get("resourceVersion") and meta.get("name") and meta.get("namespace"):
+            key = (kind, meta["namespace"], meta["name"])
+            self._own_versions[key] = meta["resourceVersion"]
+            spec_hash = ((manifest or {}).get("metadata", {}).get("annotations") or {}).get(
+                SPEC_HASH)
+            if kind in SEEN_KINDS and spec_hash:
+                self._applied_hashes[key] = spec_hash
+
+    def _verified(self, kind: str, live: dict[str, Any], manifest: dict[str, Any]) -> None:
+        """A child read and found as desired counts as applied at the version read."""
+        if kind in SEEN_KINDS:
+            self._wrote(kind, live, manifest)
+
+    def _unchanged_since_applied(self, manifest: dict[str, Any]) -> bool:
+        kind, meta = manifest["kind"], manifest["metadata"]
+        key = (kind, meta["namespace"], meta["name"])
+        own = self._own_versions.get(key)
+        return (kind in SEEN_KINDS and own is not None
+                and self._seen_versions.get(key) == own
+                and self._applied_hashes.get(key) == (meta.get("annotations") or {}).get(
+                    SPEC_HASH))
 
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
         """Serialised per object, on a fresh read: triggers from several watches may carry
@@ -124,12 +193,15 @@ class Reconciler:
         with self._locks[(namespace, name)]:
             body = self.kube.inference_deployment(namespace, name)
             if body is None or body["metadata"].get("deletionTimestamp"):
+                self.forget(KIND, namespace, name)
                 return None
-            outcome = self._reconcile(body)
+            read_all = (namespace, name) in self._read_all
+            self._read_all.discard((namespace, name))
+            outcome = self._reconcile(body, read_all)
         self.reconciles.labels("error" if outcome.error else "ok").inc()
         return outcome
 
-    def _reconcile(self, body: dict[str, Any]) -> Outcome:
+    def _reconcile(self, body: dict[str, Any], read_all: bool = True) -> Outcome:
         meta = body["metadata"]
         owner = Owner(meta["name"], meta["namespace"], meta["uid"])
         generation = int(meta.get("generation", 0))
@@ -151,10 +223,27 @@ class Reconciler:
             if rendered.kv_token_secret and not ready_for(previous, generation):
                 self._ensure_kv_token(owner)
                 token_ensured = True
-            applied, pruned, deployments = self._sync_children(owner, rendered, token_ensured)
+            applied: list[str] = []
+            pruned: list[str] = []
+            first = not previous
+            if first:
+                applied, deployments = self._first_apply(owner, rendered, token_ensured)
+                token_ensured = token_ensured or bool(rendered.kv_token_secret)
+                # A Deployment that a controller has acted on existed before this reconcile
+                # (an operator killed before its first status write): read and prune as usual.
+                first = all(not (d.get("status") or {}) for d in deployments)
+            if not first:
+                more, pruned, deployments = self._sync_children(owner, rendered, token_ensured,
+                                                                read_all)
+                applied += more
         except ApiError as error:
             return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
-        observed = self._observe(owner, spec, facts, deployments)
+        if first:
+            # Deployments this reconcile created: no controller has acted on them yet, so
+            # there are no pods or endpoints to list.
+            observed = Observed(*(self._by_component(deployments)), 0, (), facts, ())
+        else:
+            observed = self._observe(owner, spec, facts, deployments)
         status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
                                 placement=rendered.placement, observed=observed)
         written = self._write_status(body, previous, status)
@@ -174,7 +263,7 @@ class Reconciler:
         meta = body["metadata"]
         # Keys that disappeared are removed explicitly (merge patch semantics).
         patch = {**{k: None for k in previous if k not in status}, **status}
-        self.kube.patch_status(meta["namespace"], meta["name"], patch)
+        self._wrote(KIND, self.kube.patch_status(meta["namespace"], meta["name"], patch))
         for kind, reason, message in transitions(previous, status):
             self.kube.event(body, kind, reason, message)
         return True
@@ -186,10 +275,36 @@ class Reconciler:
             log.info("%s/%s: created the KV token Secret %s", owner.namespace, owner.name,
                      kv_token.secret_name(owner))
 
-    def _sync_children(self, owner: Owner, rendered: Rendered, token_ensured: bool
+    def _first_apply(self, owner: Owner, rendered: Rendered, token_ensured: bool
+                     ) -> tuple[list[str], list[dict[str, Any]]]:
+        """The first reconcile of an object: applies every desired child, reading none (see the
+        module doc); returns what it applied and the Deployments as applied."""
+        applied, deployments = [], []
+        for manifest in rendered.children:
+            kind_name, name = manifest["kind"], manifest["metadata"]["name"]
+            if kind_name == "Deployment" and rendered.kv_token_secret and not token_ensured:
+                self._ensure_kv_token(owner)  # before pods that mount it
+                token_ensured = True
+            current = self.kube.apply(manifest)
+            self._wrote(kind_name, current, manifest)
+            applied.append(f"{kind_name}/{name}")
+            if kind_name == "Deployment":
+                deployments.append(current)
+        log.info("%s/%s: first reconcile applied %s", owner.namespace, owner.name, applied)
+        return applied, deployments
+
+    @staticmethod
+    def _by_component(deployments: list[dict[str, Any]]
+                      ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        by = {d["metadata"]["labels"].get(LABEL_COMPONENT): d for d in deployments}
+        return by.get("prefill"), by.get("decode")
+
+    def _sync_children(self, owner: Owner, rendered: Rendered, token_ensured: bool,
+                       read_all: bool = True
                        ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
         """Applies what differs and prunes what is no longer desired; returns the live
-        Deployments too (re-read when one was applied, for their status).
+        Deployments too (re-read when one was applied, for their status). Unless `read_all`,
+        a child of SEEN_KINDS unchanged since this operator applied it is not read.
 
         Children have fixed names (render/names), so each is read by name: a handful of O(1)
         GETs instead of label-filtered LISTs that scan the whole namespace.
@@ -204,8 +319,10 @@ class Reconciler:
         for api_version, kind_name, name in possible_children(owner.name):
             kind = KINDS[(api_version, kind_name)]
             key = (api_version, kind_name, name)
-            current = self.kube.get(kind, owner.namespace, name)
             manifest = desired.get(key)
+            if manifest is not None and not read_all and self._unchanged_since_applied(manifest):
+                continue
+            current = self.kube.get(kind, owner.namespace, name)
             if manifest is not None:
                 # A GET's object carries apiVersion/kind; compare the rendered fields only.
                 if current is None or not is_subset(manifest, current):
@@ -214,13 +331,17 @@ class Reconciler:
                         self._ensure_kv_token(owner)  # before pods that mount it
                         token_ensured = True
                     current = self.kube.apply(manifest)
+                    self._wrote(kind_name, current, manifest)
                     applied.append(f"{kind_name}/{name}")
+                else:
+                    self._verified(kind_name, current, manifest)
                 if kind_name == "Deployment":
                     deployments.append(current)
             elif current is not None:
                 refs = current["metadata"].get("ownerReferences", []) or []
                 if any(r.get("uid") == owner.uid for r in refs):
                     self.kube.delete(kind, owner.namespace, name)
+                    self.forget(kind_name, owner.namespace, name)
                     pruned.append(f"{kind_name}/{name}")
         if applied or pruned:
             log.info("%s/%s: applied %s, pruned %s", owner.namespace, owner.name, applied,
@@ -229,7 +350,7 @@ class Reconciler:
 
     def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts,
                  listed: list[dict[str, Any]]) -> Observed:
-        deployments = {d["metadata"]["labels"].get(LABEL_COMPONENT): d for d in listed}
+        prefill, decode = self._by_component(listed)
         ready_endpoints = sum(
             1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
             for e in s.get("endpoints", []) or []
@@ -242,5 +363,4 @@ class Reconciler:
             (p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods
             if spec.decode and (p["metadata"].get("labels") or {}).get(LABEL_COMPONENT) == "decode"
             and p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp"))
-        return Observed(deployments.get("prefill"), deployments.get("decode"), ready_endpoints,
-                        decode_pods, facts, pods)
+        return Observed(prefill, decode, ready_endpoints, decode_pods, facts, pods)

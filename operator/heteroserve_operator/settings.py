@@ -12,8 +12,11 @@ class OperatorSettings:
     resync_seconds: float = 300.0
     # Seconds a watch request stays open before kopf re-establishes it.
     watch_timeout_seconds: int = 300
-    # Reconcile worker threads (each reconcile is a few blocking API calls).
-    workers: int = 8
+    # Reconcile worker threads. A reconcile spends nearly all its time waiting for the apiserver
+    # (a few blocking calls in a row), so the workers, not the operator's CPU, bound how many
+    # objects converge at once: with 8, a thousand new objects waited behind each other's
+    # round trips while the control plane had CPU to spare (docs/benchmarks.md, operator scale).
+    workers: int = 32
     # Seconds between two reconciles of one InferenceDeployment: a burst of child events
     # (Deployment status, pods, EndpointSlices) is served by one or two reconciles.
     min_reconcile_interval_seconds: float = 1.0

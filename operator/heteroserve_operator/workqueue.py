@@ -45,6 +45,21 @@ class WorkQueue:
             self._pending[(namespace, name)] = None
             self._cond.notify()
 
+    def add_unless_recent(self, namespace: str, name: str, within: float) -> bool:
+        """Queues the key unless it is queued or running already, or finished a reconcile less
+        than `within` seconds ago; True when queued. For the periodic resync: an object
+        reconciled moments ago has just been read afresh, and a thousand redundant reconciles
+        would compete with those that matter."""
+        key = (namespace, name)
+        with self._cond:
+            if key in self._pending or key in self._active:
+                return False
+            if time.monotonic() - self._last.get(key, float("-inf")) < within:
+                return False
+            self._pending[key] = None
+            self._cond.notify()
+            return True
+
     def __len__(self) -> int:
         with self._cond:
             return len(self._pending)

@@ -54,3 +54,32 @@ def test_min_interval_spaces_reconciles_of_one_key():
     queue.stop()
     assert len(stamps) == 2
     assert stamps[1] - stamps[0] >= 0.29
+
+
+def test_add_unless_recent_leaves_out_keys_reconciled_lately_queued_or_running():
+    calls: list[tuple[str, str]] = []
+    gate = threading.Event()
+
+    def work(namespace: str, name: str) -> None:
+        if name == "slow":
+            gate.wait(5)
+        calls.append((namespace, name))
+
+    queue = WorkQueue(work, workers=2)
+    queue.start()
+    queue.add("ns", "done")
+    queue.add("ns", "slow")
+    deadline = time.monotonic() + 5
+    while ("ns", "done") not in calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # "done" finished moments ago, "slow" is running: the resync queues neither.
+    assert not queue.add_unless_recent("ns", "done", within=60)
+    assert not queue.add_unless_recent("ns", "slow", within=60)
+    # Never reconciled, or reconciled longer ago than `within`: queued.
+    assert queue.add_unless_recent("ns", "new", within=60)
+    assert queue.add_unless_recent("ns", "done", within=0)
+    gate.set()
+    while len(calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    queue.stop()
+    assert sorted(calls) == [("ns", "done"), ("ns", "done"), ("ns", "new"), ("ns", "slow")]
