@@ -41,6 +41,7 @@ class Observed:
 REFUSED = "PodsRefused"              # admission (Pod Security, quota, a webhook) refused pods
 UNSCHEDULABLE = "PodsUnschedulable"  # the scheduler finds no node (resources, selectors, taints)
 FAILING = "PodsFailing"              # a container cannot start or keeps crashing
+MESSAGE_LIMIT = 400  # characters of a container's termination message shown in status
 DEADLINE = "ProgressDeadlineExceeded"  # the Deployment's own verdict, with its message
 # Container waiting reasons that mean "will not start by itself" (not ContainerCreating).
 STUCK_WAITING = frozenset({
@@ -79,6 +80,12 @@ def _pod_trouble(pod: dict[str, Any]) -> Trouble | None:
             last = (container.get("lastState") or {}).get("terminated") or {}
             detail = (f" (last exit: {last.get('reason', 'unknown')}, code "
                       f"{last.get('exitCode', '?')})" if last else "")
+            # The container's termination message: heteroserve-bind writes why a CPU grant
+            # breaks the seeds' rule there; the same grant gives the same words on every
+            # restart, so the status stays put.
+            said = " ".join((last.get("message") or "").split())
+            if said:
+                detail += f": {said[:MESSAGE_LIMIT]}"
             if waiting["reason"] != "CrashLoopBackOff" and waiting.get("message"):
                 detail = f": {waiting['message']}"
             return Trouble(FAILING, f"pod {name}: container {container.get('name', '?')} "

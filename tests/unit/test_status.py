@@ -132,6 +132,24 @@ def test_containers_that_cannot_start():
         "m-decode-a", waiting=("ContainerCreating", "")),)) is None
 
 
+def test_a_refused_cpu_grant_says_why_in_status():
+    """heteroserve-bind writes why a grant breaks the seeds' rule into the termination message;
+    the status carries it (one line, bounded), the same on every restart."""
+    said = ("the granted CPUs 0-2 span NUMA nodes 0 (2 CPUs) and 1 (1 CPU):\n"
+            "threads must be equal per NUMA node")
+    crash = tier_trouble("decode", deployment(), (pod(
+        "m-decode-a", waiting=("CrashLoopBackOff", "back-off 5m0s restarting failed container"),
+        terminated={"reason": "Error", "exitCode": 2, "message": said}),))
+    assert crash.message == (
+        "decode pod m-decode-a: container engine CrashLoopBackOff (last exit: Error, code 2): "
+        "the granted CPUs 0-2 span NUMA nodes 0 (2 CPUs) and 1 (1 CPU): threads must be equal "
+        "per NUMA node")
+    long = tier_trouble("decode", deployment(), (pod(
+        "m-decode-a", waiting=("CrashLoopBackOff", ""),
+        terminated={"reason": "Error", "exitCode": 2, "message": "x" * 5000}),))
+    assert len(long.message) < 600
+
+
 def test_progress_deadline_is_reported_when_nothing_more_precise_is_known():
     stalled = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
                "message": 'ReplicaSet "m-decode-1" has timed out progressing.'}
