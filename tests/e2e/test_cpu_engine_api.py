@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 import time
 
@@ -10,6 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import start_engine, stop_engine
+from tests.processes import metric_value
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "Name three colors."}]
@@ -98,7 +101,19 @@ def test_prompt_longer_than_context_is_context_length_exceeded(client):
     assert error.value.body["param"] == "max_tokens"
 
 
+def labelled(engine, name: str, **labels: str) -> float:
+    return metric_value(httpx.get(f"http://127.0.0.1:{engine.port}/metrics").text, name, **labels)
+
+
+def steps_with_several_sequences(engine) -> float:
+    """Engine steps so far in which more than one sequence got a token (from the engine's
+    decode batch-size histogram)."""
+    return (engine.metric("heteroserve:decode_batch_size_count")
+            - labelled(engine, "heteroserve:decode_batch_size_bucket", le="1.0"))
+
+
 def test_concurrent_requests_are_batched(client, engine):
+    batched_before = steps_with_several_sequences(engine)
     results: dict[int, str] = {}
 
     def ask(i):
@@ -111,22 +126,53 @@ def test_concurrent_requests_are_batched(client, engine):
     for t in threads:
         t.join()
     assert len(results) == 8 and all(results.values())
+    assert steps_with_several_sequences(engine) > batched_before
     # Same prompt alone gives the same greedy text as inside the batch.
     alone = client.completions.create(model=MODEL, prompt="Count to 5:", max_tokens=20,
                                       temperature=0).choices[0].text
     assert alone == results[2]
 
 
-def test_client_disconnect_frees_the_sequence(engine):
-    with httpx.stream("POST", f"{engine.base_url}/completions", json={
-            "model": MODEL, "prompt": "Tell a very long story.", "max_tokens": 400,
-            "stream": True, "ignore_eos": True}, timeout=60) as response:
-        lines = response.iter_lines()
-        next(lines)
-        next(lines)
-    deadline = time.monotonic() + 10
-    while engine.metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
+ABANDONED_MAX_TOKENS = 480  # the session engine's context is 512
+
+
+def abandon(engine, stream: bool) -> tuple[float, float]:
+    """Sends a long request (ignore_eos: it can only end at max_tokens), drops the connection
+    once the engine's own counter shows it decoding, and waits until the engine is idle and the
+    counter still. Returns the request's generated tokens at the drop and in all."""
+    body = json.dumps({"model": MODEL, "prompt": "Tell a very long story.", "stream": stream,
+                       "max_tokens": ABANDONED_MAX_TOKENS, "ignore_eos": True}).encode()
+    before = engine.metric("vllm:generation_tokens_total")
+    with socket.create_connection(("127.0.0.1", engine.port)) as client:
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: engine\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body))
+        deadline = time.monotonic() + 60
+        while (engine.metric("vllm:generation_tokens_total") - before < 32
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        at_drop = engine.metric("vllm:generation_tokens_total") - before
+    last, still_since = -1.0, time.monotonic()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        now = engine.metric("vllm:generation_tokens_total")
+        if now != last or engine.metric("vllm:num_requests_running") > 0:
+            last, still_since = now, time.monotonic()
+        elif time.monotonic() - still_since > 1.0:
+            break
         time.sleep(0.1)
+    return at_drop, last - before
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
+def test_client_disconnect_frees_the_sequence(engine, stream):
+    aborts = labelled(engine, "heteroserve:requests_total", finish_reason="abort")
+    at_drop, generated = abandon(engine, stream)
+    assert at_drop >= 32
+    # Left to itself the request decodes exactly max_tokens; aborted, it stops within the few
+    # steps after the drop (at this model's speed well under half of it).
+    assert generated < ABANDONED_MAX_TOKENS // 2, (at_drop, generated)
+    assert labelled(engine, "heteroserve:requests_total", finish_reason="abort") == aborts + 1
     assert engine.metric("vllm:num_requests_running") == 0
     assert engine.metric("vllm:kv_cache_usage_perc") == 0
 

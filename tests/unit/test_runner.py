@@ -50,10 +50,17 @@ def test_chunked_prefill_and_batching_match_one_at_a_time(model_and_tokenizer):
         seqs, _ = run_to_end(core, [prompt], params)
         alone.append(seqs[0].output_ids)
     # Small token budget: prefill is split into chunks of 4 and batched with decodes.
+    batches: list[float] = []  # sequences that got a token, per step
+
+    def observe(name: str, value: float) -> None:
+        if name == "decode_batch":
+            batches.append(value)
+
     core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256,
-                      max_batch_tokens=4)
+                      max_batch_tokens=4, observe=observe)
     seqs, outputs = run_to_end(core, prompts, params)
     assert [s.output_ids for s in seqs] == alone
+    assert max(batches) == 2  # both sequences got their tokens from one forward pass
     assert all(o[-1].finish_reason == "length" for o in outputs.values())
     assert core.allocator.usage == 0.0  # every block back
 
@@ -67,8 +74,10 @@ def test_full_cache_preempts_and_recomputes(model_and_tokenizer):
     # 6 blocks of 16 tokens cannot hold three sequences of ~50 tokens at once.
     small = EngineCore(model, tok, config.n_vocab, n_blocks=6, max_model_len=256)
     seqs, _ = run_to_end(small, [prompt] * 3, params)
+    assert small.stats.preemptions > 0
     assert all(s.output_ids == reference.output_ids for s in seqs)
     assert small.allocator.usage == 0.0
+    assert reference.finish_reason == "length" and all(s.finish_reason == "length" for s in seqs)
 
 
 def test_stop_strings_are_cut_and_never_streamed(model_and_tokenizer):

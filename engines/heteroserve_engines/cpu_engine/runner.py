@@ -169,6 +169,8 @@ class EngineCore:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.stats = EngineStats()
+        # (name, value): "ttft" and "itl" in seconds per token, "decode_batch" the number of
+        # sequences that got a token in one step (steps that sample none are not observed)
         self.observe = observe or (lambda _name, _value: None)
         self._lock = threading.Condition()
         self._aborted: set[int] = set()
@@ -382,6 +384,8 @@ class EngineCore:
             [p.top_p for p in params], [seq.rng_state for seq in sampled],
             add_row.tolist(), add_id.tolist(), add_value.tolist(), logprobs)
         row_logprobs = chosen[0] if chosen else [None] * len(sampled)
+        if sampled:
+            self.observe("decode_batch", len(sampled))
         for seq, count in batch:
             if seq.num_computed < len(seq.prompt_ids):
                 self.stats.prompt_tokens += min(count, len(seq.prompt_ids) - seq.num_computed)

@@ -6,8 +6,10 @@ does not do: `refuse_unsupported`), 404 `model_not_found`, 400 `context_length_e
 prompts longer than the context, 413 for a body over `--max-body-bytes` (answered before the
 rest is read), 429 when the queue is full (checked before the body is parsed, so that refusals
 are cheap under overload), 503 while draining, and a 500 of the same shape with
-`Connection: close` for anything unexpected. A client that disconnects frees its sequence at
-once. Tokenizing runs on worker threads, so a long prompt never holds up the event loop.
+`Connection: close` for anything unexpected. A client that disconnects, streaming or not, frees
+its sequence at the engine's next step: each request watches its ASGI receive channel for
+`http.disconnect` while it generates (`generate`). Tokenizing runs on worker threads, so a long
+prompt never holds up the event loop.
 
 On SIGTERM the server drains (`Drain`): it stops admitting, lets running requests finish for
 `--drain-seconds`, then ends what is left with a final chunk (finish_reason `abort`) and
@@ -36,7 +38,7 @@ from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -92,8 +94,8 @@ from .tokenizer import ChatTemplateError, GGUFTokenizer
 
 log = logging.getLogger("heteroserve.cpu_engine")
 
-# How often a request checks that its client is still there (and the drain's deadline).
-DISCONNECT_POLL_SECONDS = 0.25
+# How often a request that has no new output checks the drain's deadline.
+DRAIN_POLL_SECONDS = 0.25
 # OpenAI's (and vLLM's) stand-in for a log-probability of minus infinity (JSON has none).
 LOGPROB_FLOOR = -9999.0
 
@@ -161,11 +163,18 @@ class Metrics:
                               ["model_name"], buckets=buckets, registry=registry).labels(**labels)
         self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens",
                              ["model_name"], buckets=buckets, registry=registry).labels(**labels)
-        self.requests = Counter("heteroserve:requests", "Finished requests by finish reason",
+        self.decode_batch = Histogram(
+            "heteroserve:decode_batch_size", "Sequences that got a token in one engine step "
+            "(continuous batching; steps that sample none are not counted)", ["model_name"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=registry).labels(**labels)
+        self.requests = Counter("heteroserve:requests", "Finished requests by finish reason "
+                                "(abort: drained, or the client went away)",
                                 ["model_name", "finish_reason"], registry=registry)
+        self.histograms = {"ttft": self.ttft, "itl": self.itl, "decode_batch": self.decode_batch}
 
     def observe(self, name: str, value: float) -> None:
-        (self.ttft if name == "ttft" else self.itl).observe(value)
+        """The engine's `observe` (EngineCore): a value for one of `histograms`."""
+        self.histograms[name].observe(value)
 
 
 def _parse(model_type, payload: dict):
@@ -285,12 +294,19 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
         prompt_ids = tok.encode(text, add_bos=add_bos)
         return Prepared(prompt_ids, params(req, len(prompt_ids)))
 
+    async def client_gone(request: Request) -> None:
+        """Returns when the client has closed the connection (after the request body)."""
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
     async def generate(request: Request, prompt_ids: list[int], sampling: SamplingParams,
                        imported: ImportedKv | None = None, keep_kv: bool = False,
                        started: list | None = None) -> AsyncIterator[Delta]:
-        """`started` receives the engine's Sequence (for the KV export after it finishes)."""
+        """The sequence's deltas. Raises ClientDisconnect as soon as the client closes the
+        connection (its sequence is aborted): streaming or not, nobody reads what is left.
+        `started` receives the engine's Sequence (for the KV export after it finishes)."""
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Delta] = asyncio.Queue()
+        queue: asyncio.Queue[Delta | None] = asyncio.Queue()  # None: only a wake-up
         try:
             seq = served.engine.add(prompt_ids, sampling,
                                     lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
@@ -302,36 +318,40 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
         except PromptTooLong as error:
             raise ApiError(400, str(error), param="prompt", code="context_length_exceeded") \
                 from None
+        # The body has been read, so the receive channel's next event is the disconnect: waited
+        # for beside the output, not polled, so that a request that keeps producing (as a
+        # non-streaming one does until max_tokens) still stops at once.
+        gone = asyncio.create_task(client_gone(request))
+        gone.add_done_callback(lambda _task: queue.put_nowait(None))
+        reason = None  # the finish reason counted in heteroserve:requests
         try:
-            checked = loop.time()
             while True:
                 try:
-                    delta = await asyncio.wait_for(queue.get(), timeout=DISCONNECT_POLL_SECONDS)
+                    delta = await asyncio.wait_for(queue.get(), timeout=DRAIN_POLL_SECONDS)
                 except TimeoutError:
                     delta = None
-                # Polled by time, not only when idle: a non-streaming request whose client left
-                # would otherwise decode to max_tokens for nobody.
-                if loop.time() - checked >= DISCONNECT_POLL_SECONDS:
-                    checked = loop.time()
-                    if await request.is_disconnected():
-                        raise asyncio.CancelledError
-                    if drain.expired() and not (delta and delta.finish_reason):
-                        served.engine.abort(seq)
-                        metrics.requests.labels(served.name, "abort").inc()
-                        if delta is not None:
-                            yield delta
-                        yield Delta("", [], "abort", len(seq.output_ids),
-                                    logprobs=[] if sampling.logprobs is not None else None)
-                        return
+                if gone.done() and not gone.cancelled():
+                    raise ClientDisconnect
+                if drain.expired() and not (delta and delta.finish_reason):
+                    served.engine.abort(seq)
+                    reason = "abort"
+                    if delta is not None:
+                        yield delta
+                    yield Delta("", [], "abort", len(seq.output_ids),
+                                logprobs=[] if sampling.logprobs is not None else None)
+                    return
                 if delta is None:
                     continue
+                reason = delta.finish_reason
                 yield delta
-                if delta.finish_reason:
-                    metrics.requests.labels(served.name, delta.finish_reason).inc()
+                if reason:
                     return
         finally:
+            gone.cancel()
             if seq.finish_reason is None:
                 served.engine.abort(seq)
+            # None: the client went away (or the response was cancelled) before the end
+            metrics.requests.labels(served.name, reason or "abort").inc()
 
     async def respond(request: Request, chat: bool) -> Response:
         arrived = time.monotonic()
@@ -430,6 +450,8 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
                     if delta.completion_tokens is not None:
                         count = delta.completion_tokens
                     yield sse(chunk(delta))
+            except ClientDisconnect:
+                return  # its sequence is aborted; nobody reads the rest
             except Exception as error:  # broken after its first byte
                 log.exception("stream %s failed", rid)
                 yield sse_error(ApiError(500, f"internal error: {type(error).__name__}",
@@ -459,6 +481,9 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
     async def metrics_route(_request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def client_disconnect(_request: Request, _error: ClientDisconnect) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+
     async def api_error(_request: Request, error: ApiError) -> Response:
         # A 413's body was not read: the connection cannot carry another request.
         return error_response(error, close=error.status == 413)
@@ -476,5 +501,6 @@ def create_app(served: ServedModel, registry: CollectorRegistry,
     if served.handoff is not None:
         routes.append(Route("/v1/kv/{handle}", served.handoff.exports.route, methods=["GET"]))
     app = Starlette(routes=routes,
-                    exception_handlers={ApiError: api_error, HTTPException: http_error})
+                    exception_handlers={ApiError: api_error, HTTPException: http_error,
+                                        ClientDisconnect: client_disconnect})
     return Guard(app, limits.max_body_bytes)
