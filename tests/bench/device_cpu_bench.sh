@@ -14,7 +14,11 @@
 # a short llama-bench run, -mno-amx-* only where that fails), and the synthetic models (written
 # in the background meanwhile). Then the engine-vs-llama.cpp table for MODELS, and, where LONG
 # names depths, the long-context table on the 1.1B q4_0.
-# Writes $OUT/bench.txt, $OUT/long-context.txt and $OUT/build.txt (and prints them).
+# First of all the kernel tests (engines/cpu/tests/kernel_test.c, built here: every variant this
+# CPU grants against the reference, amx included wherever AMX is granted): a failure stops the run
+# before any number is measured.
+# Writes $OUT/kernel-test.txt, $OUT/bench.txt, $OUT/long-context.txt and $OUT/build.txt (and
+# prints them).
 set -euo pipefail
 threads=${THREADS:-$(nproc)}
 out=${OUT:-/tmp/out}
@@ -26,6 +30,13 @@ mkdir -p "$out"
 export HETEROSERVE_CACHE=/tmp/hs-cache PYTHONPATH=engines:. PYTHONUNBUFFERED=1
 bench=(python3 -m tests.bench.cpu_engine_vs_llamacpp --threads "$threads" --tokenizer "$tok")
 t0=$(date +%s)
+kt=/tmp/hs-kernel-test
+{ cmake -S engines/cpu -B $kt -DHS_BUILD_KERNEL_TEST=ON &&
+  cmake --build $kt --target kernel_test -j "$threads"; } > "$out/kernel-test-build.log" 2>&1 ||
+  { cat "$out/kernel-test-build.log"; echo "kernel test: build failed"; exit 1; }
+$kt/kernel_test > "$out/kernel-test.txt" ||
+  { cat "$out/kernel-test.txt"; echo "kernel test failed: nothing measured"; exit 1; }
+grep -E "^variant|passed" "$out/kernel-test.txt"
 python3 -c "import gguf, nanobind, scikit_build_core" 2>/dev/null ||
   python3 -m pip install -q --no-index --find-links .whl gguf nanobind scikit-build-core
 # the check model first (llama.cpp's build is checked on it), the others in the background
