@@ -39,10 +39,27 @@ def only_event_handlers(registry: kopf.OperatorRegistry) -> bool:
     return not (registry._changing.get_all_handlers() or registry._spawning.get_all_handlers())
 
 
+# The watched child resources, filtered by the apiserver (kopf's handler filters alone run on the
+# client: the operator would receive, decode and drop every pod and Deployment of the cluster).
+# A selector applies to every handler of its resource, so it is what all of them need at least.
+CHILD_SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), LABEL_OWNER])
+WATCH_SELECTORS = {
+    ("discovery.k8s.io", "v1", "endpointslices"): CHILD_SELECTOR,
+    ("networking.k8s.io", "v1", "ingresses"): CHILD_SELECTOR,
+    ("policy", "v1", "poddisruptionbudgets"): CHILD_SELECTOR,
+    ("apps", "v1", "deployments"): CHILD_SELECTOR,
+    ("", "v1", "services"): CHILD_SELECTOR,
+    ("", "v1", "configmaps"): CHILD_SELECTOR,
+    ("", "v1", "pods"): LABEL_OWNER,
+}
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     if only_event_handlers(kopf.get_default_registry()):
         settings.persistence.diffbase_storage = EventOnlyDiffBase()
+    for resource, selector in WATCH_SELECTORS.items():
+        settings.watching.label_selectors[resource] = selector
     # kopf's per-handler success events would be writes on every reconcile; the reconciler
     # posts Events for condition transitions itself.
     settings.posting.enabled = False
