@@ -34,7 +34,8 @@ row measures the client, not the engine).
 
 Goals (issue 14), for each overload row: at 2S, refused requests get fast 429s (p99 <=
 FAST_429_S) all with Retry-After, and admitted requests' TTFT p99 within 1.5x of the TTFT p99
-at S; abandoned requests stop decoding (no token generated 1 s after the engine is idle; idle
+at S (a row whose load generator ran above CLIENT_BOUND of its core measures the client:
+its 429 latency is printed, not judged); abandoned requests stop decoding (no token generated 1 s after the engine is idle; idle
 within IDLE_WITHIN_S of the last disconnect) and a fresh request completes within 5 s. The table
 shows medians over rounds; a goal passes when its median does.
 """
@@ -70,6 +71,9 @@ FRESH_WITHIN_S = 5.0  # a fresh request after the abandonment completes within t
 IDLE_WITHIN_S = 5.0  # the engine is idle (nothing running or waiting) this soon after
 STOPPED_CHECK_S = 1.0  # generation_tokens_total is read twice this far apart once idle
 PROBES = 200  # refusals sent one at a time while the engine is saturated
+# A load generator busier than this (CPU time over wall time, its busiest process) is the
+# bottleneck: a level's latencies then measure its own queueing, and are not judged.
+CLIENT_BOUND = 0.8
 
 
 # -- the engine's gauges and counters ----------------------------------------------------------
@@ -430,10 +434,15 @@ def report(saturating: int, probe: Level, rounds: list[Round], args, machine: st
                     for r in rounds)
         refused_p99 = med(percentile(pick(r).refused, .99) for r in rounds)
         header_rate = min((pick(r).header_rate for r in rounds), default=math.nan)
+        client = med(pick(r).client_cpu for r in rounds)
+        fast = f"429 p99 {1e3 * refused_p99:.1f} ms (<= {1e3 * FAST_429_S:.0f} ms)"
+        if client > CLIENT_BOUND:
+            # The latency is the load generator's own queueing: no verdict on the engine.
+            fast += (f"; not judged: the load generator ran at {100 * client:.0f} % of its core "
+                     "(the row measures the client: give it more --client-cpus)")
         goals += [
-            (f"{name}: refused requests get fast 429s",
-             f"429 p99 {1e3 * refused_p99:.1f} ms (<= {1e3 * FAST_429_S:.0f} ms)",
-             refused_p99 <= FAST_429_S),
+            (f"{name}: refused requests get fast 429s", fast,
+             None if client > CLIENT_BOUND else refused_p99 <= FAST_429_S),
             (f"{name}: every 429 has Retry-After",
              f"lowest rate over rounds {100 * header_rate:.1f} %", header_rate == 1.0),
             (f"{name}: admitted TTFT p99 within 1.5x of S's",
@@ -466,8 +475,8 @@ def report(saturating: int, probe: Level, rounds: list[Round], args, machine: st
         ]
     print("\ngoals:")
     for goal, figure, met in goals:
-        print(f"  {'PASS' if met else 'FAIL'}  {goal}: {figure}")
-    return all(met for _, _, met in goals)
+        print(f"  {'----' if met is None else 'PASS' if met else 'FAIL'}  {goal}: {figure}")
+    return all(met is True for _, _, met in goals)
 
 
 def main() -> int:
