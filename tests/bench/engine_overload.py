@@ -35,9 +35,10 @@ row measures the client, not the engine).
 Goals (issue 14), for each overload row: at 2S, refused requests get fast 429s (p99 <=
 FAST_429_S) all with Retry-After, and admitted requests' TTFT p99 within 1.5x of the TTFT p99
 at S (a row whose load generator ran above CLIENT_BOUND of its core measures the client:
-its 429 latency is printed, not judged); abandoned requests stop decoding (no token generated 1 s after the engine is idle; idle
-within IDLE_WITHIN_S of the last disconnect) and a fresh request completes within 5 s. The table
-shows medians over rounds; a goal passes when its median does.
+its 429 latency is printed, not judged); abandoned requests stop decoding (no token generated
+1 s after the engine is idle; idle within IDLE_WITHIN_S of the last disconnect) and a fresh
+request completes within 5 s. The table shows medians over rounds; a goal passes when its median
+does.
 """
 
 from __future__ import annotations
