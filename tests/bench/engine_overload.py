@@ -60,7 +60,14 @@ from pathlib import Path
 import httpx
 
 from heteroserve_engines.protocol.binding import parse_cpu_list
-from tests.bench.router_overhead import CONTENT, KV_BLOCK_BYTES, PROMPT, Processes, describe_machine
+from tests.bench.router_overhead import (
+    CONTENT,
+    KV_BLOCK_BYTES,
+    PROMPT,
+    Processes,
+    describe_machine,
+)
+from tests.bench.router_overhead import nearest as percentile
 from tests.processes import metric_value
 
 MODEL = "smollm2"
@@ -174,13 +181,6 @@ class Level:
     @property
     def header_rate(self) -> float:
         return self.retry_after / len(self.refused) if self.refused else math.nan
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 async def one_request(client: httpx.AsyncClient, url: str, body: bytes, level: Level) -> bool:

@@ -71,8 +71,6 @@ class Attempt:
     first_chunk: float | None = None
     last_chunk: float | None = None
     first_sent: float | None = None  # the first upstream request's send
-    sent: float | None = None  # the latest upstream request's send (after any retry)
-    upstream_ttfb: float | None = None  # from `sent` to that upstream's first bytes
     overhead: float | None = None  # the router's own share of the TTFT (_relay_ended)
     tiers_tried: list[str] = field(default_factory=list)
 
@@ -314,9 +312,8 @@ class RouterService:
         relayed = False
         try:
             request = self._upstream_request(upstream, payload, stream, attempt)
-            attempt.sent = self.clock()
             if attempt.first_sent is None:
-                attempt.first_sent = attempt.sent
+                attempt.first_sent = self.clock()
             try:
                 response = await _race(self.client.send(request, stream=True), disconnected)
             except (httpx.ConnectError, httpx.ConnectTimeout) as error:
@@ -386,7 +383,6 @@ class RouterService:
             attempt.overhead = (attempt.first_sent - attempt.arrival
                                 + attempt.first_chunk - relay.first_received)
             self.metrics.overhead.labels(upstream.tier).observe(attempt.overhead)
-            attempt.upstream_ttfb = relay.first_received - attempt.sent
         self._finish(attempt, relay.outcome, attempt.status)
 
     def _finish(self, attempt: Attempt, outcome: str, status: int) -> None:
@@ -396,13 +392,11 @@ class RouterService:
         ttft = (f"{attempt.first_chunk - attempt.arrival:.3f}s" if attempt.first_chunk
                 else "-")
         overhead = f"{attempt.overhead * 1e3:.3f}ms" if attempt.overhead is not None else "-"
-        upstream_ttfb = (f"{attempt.upstream_ttfb * 1e3:.3f}ms"
-                         if attempt.upstream_ttfb is not None else "-")
         log.info("request %s %s policy=%s tier=%s reason=%s mode=%s tried=%s status=%d "
-                 "outcome=%s ttft=%s e2e=%.3fs overhead=%s upstream_ttfb=%s", attempt.id,
-                 attempt.kind, self.config.policy, attempt.tier, reason,
-                 decision.mode if decision else "-", ",".join(attempt.tiers_tried) or "-",
-                 status, outcome, ttft, self.clock() - attempt.arrival, overhead, upstream_ttfb)
+                 "outcome=%s ttft=%s e2e=%.3fs overhead=%s", attempt.id, attempt.kind,
+                 self.config.policy, attempt.tier, reason, decision.mode if decision else "-",
+                 ",".join(attempt.tiers_tried) or "-", status, outcome, ttft,
+                 self.clock() - attempt.arrival, overhead)
 
 
 async def _race(work: Awaitable[httpx.Response], disconnected: Callable[[], Awaitable[None]]
