@@ -94,6 +94,24 @@ def metric(port: int, name: str) -> float:
                if line.startswith(name + "{") or line.startswith(name + " "))
 
 
+def metric_samples(port: int, name: str) -> dict[str, float]:
+    """The samples of a labelled metric: {"label=value,...": value}."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name) + 1:].rsplit("} ", 1)
+            out[labels.replace('"', "")] = float(value)
+    return out
+
+
+def by_label(before: dict[str, float], after: dict[str, float], per: float) -> str:
+    """The change of each sample (per `per`), largest first: "verb=APPLY,kind=Service 1.00"."""
+    changed = {k: (v - before.get(k, 0.0)) / per for k, v in after.items()}
+    return "; ".join(f"{k} {v:.2f}" for k, v in sorted(changed.items(), key=lambda kv: -kv[1])
+                     if v)
+
+
 def rss_peak_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -318,6 +336,9 @@ def operator_phase(plane: ControlPlane, args, namespace: str, workdir: Path,
 
         base = {name: metric(port, f"heteroserve_operator_{name}_total")
                 for name in ("api_writes", "api_reads", "reconciles")}
+        labelled = ("api_writes", "api_reads", "binding_scrapes")
+        base_samples = {name: metric_samples(port, f"heteroserve_operator_{name}_total")
+                        for name in labelled}
         ready: dict[str, float] = {}
         meter = Meter(plane, pids)
         meter.start()
@@ -336,15 +357,21 @@ def operator_phase(plane: ControlPlane, args, namespace: str, workdir: Path,
             profiler.wait(timeout=60)
         converged = {name: metric(port, f"heteroserve_operator_{name}_total") - value
                      for name, value in base.items()}
+        converged_samples = {name: metric_samples(port, f"heteroserve_operator_{name}_total")
+                             for name in labelled}
         phase.latencies = [ready[n] - t0 for n in ready]
         phase.from_create = [ready[n] - created[n] for n in ready]
         # Let trailing events settle, then measure a quiet period that includes resyncs.
         time.sleep(10)
         before_idle = {name: metric(port, f"heteroserve_operator_{name}_total")
                        for name in ("api_writes", "reconciles")}
+        before_idle_samples = {name: metric_samples(port, f"heteroserve_operator_{name}_total")
+                               for name in labelled}
         time.sleep(args.idle_seconds)
         idle = {name: metric(port, f"heteroserve_operator_{name}_total") - value
                 for name, value in before_idle.items()}
+        idle_samples = {name: metric_samples(port, f"heteroserve_operator_{name}_total")
+                        for name in labelled}
         n = args.objects
         phase.rows = [
             ("create calls took", f"{create_s:.1f} s"),
@@ -356,6 +383,16 @@ def operator_phase(plane: ControlPlane, args, namespace: str, workdir: Path,
              f"{args.resync_seconds:.0f} s)", f"{idle['api_writes']:.0f}"),
             ("operator reconciles while idle", f"{idle['reconciles']:.0f}"),
             ("operator peak RSS", f"{rss_peak_mb(operator.pid):.0f} MB"),
+            ("operator writes per object by verb and kind (converging)",
+             by_label(base_samples["api_writes"], converged_samples["api_writes"], n)),
+            ("operator reads per object by kind (converging)",
+             by_label(base_samples["api_reads"], converged_samples["api_reads"], n)),
+            ("operator writes while idle by verb and kind",
+             by_label(before_idle_samples["api_writes"], idle_samples["api_writes"], 1)),
+            ("binding scrapes by result (converging / idle)",
+             by_label(base_samples["binding_scrapes"], converged_samples["binding_scrapes"], 1)
+             + " / " + by_label(before_idle_samples["binding_scrapes"],
+                                idle_samples["binding_scrapes"], 1)),
         ]
         return phase
     finally:

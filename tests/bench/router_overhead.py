@@ -4,10 +4,16 @@ timed test).
     .venv/bin/python -m tests.bench.router_overhead [--concurrency 1,8,64,256] [--tokens N]
         [--canned-tokens N] [--requests N] [--rounds R] [--quick]
 
-Two upstreams, each once directly and once through its own `heteroserve-router` (policy cpu):
-the CPU engine serving the embedded SmolLM2-135M (what users run), and the canned upstream of
+Three upstreams, each once directly and once through its own `heteroserve-router` (policy cpu):
+the CPU engine serving the embedded SmolLM2-135M (what users run); the canned upstream of
 tests/fakes, which streams tokens as fast as it can (the router's own ceiling: there the router,
-not the engine, is the bottleneck). At each concurrency level N streams send streaming chat
+not the engine, is the bottleneck); and the same canned upstream paced like an accelerator
+engine (`--paced-token-delay`, 20 ms a token: 50 tokens/s per stream, 12,800/s for the router to
+relay at 256 streams) on one process per upstream CPU, so that it never queues: the engine and
+the unpaced canned upstream are saturated at 64 and 256 streams, where their TTFT is seconds of
+queueing that moves by more than the router's cost, while the paced upstream answers every
+request's first token at once at every level, and what the router adds is what is left.
+At each concurrency level N streams send streaming chat
 completions (ignore_eos, fixed max_tokens, temperature 0) back to back until at least
 `--requests` requests are done (so that one stream still gives a distribution). Per level: TTFT
 p50 and p99 (nearest rank), and throughput (tokens of all streams / the level's wall time;
@@ -130,26 +136,38 @@ def router_config_file(folder: Path, name: str, model: str, upstream: str, strea
 
 
 def start_all(procs: Processes, streams: int, engine_tokens: int, engine_cpus: set[int],
-              router_cpus: set[int], gguf: str | None = None
-              ) -> dict[str, tuple[str, str, int]]:
+              router_cpus: set[int], gguf: str | None = None,
+              names: tuple[str, ...] = ("engine", "canned", "paced"),
+              paced_token_delay: float = 0.02) -> dict[str, tuple[str, str, int]]:
     """{target: (direct base URL, router base URL, router pid)}; every process answers before
     it returns.
     The upstreams run on `engine_cpus`, the routers on `router_cpus` (as in a pod, where the
     router sidecar has a core of its own)."""
-    blocks = -(-(PROMPT_TOKEN_BUDGET + engine_tokens) // 16) + 1
-    kv_gib = max(0.25, 1.25 * streams * blocks * KV_BLOCK_BYTES / 2**30)
-    engine = procs.start("engine", [
-        "heteroserve_engines.cpu_engine", "--served-model-name", ENGINE_MODEL,
-        "--max-model-len", str(MAX_MODEL_LEN), "--max-running", str(streams),
-        "--max-waiting", str(4 * streams), "--kv-cache-gib", f"{kv_gib:.2f}",
-        *(["--model", gguf] if gguf else [])],
-        cpus=engine_cpus, env={"OMP_NUM_THREADS": str(len(engine_cpus)),
-                               "CUSTOM_CPU_AFFINITY": ",".join(map(str, sorted(engine_cpus)))})
-    procs.wait("engine", f"http://127.0.0.1:{engine}/health")
-    canned = procs.start("canned", ["tests.fakes.canned_upstream"], cpus=engine_cpus)
-    procs.wait("canned", f"http://127.0.0.1:{canned}/health")
+    upstreams = []
+    if "engine" in names:
+        blocks = -(-(PROMPT_TOKEN_BUDGET + engine_tokens) // 16) + 1
+        kv_gib = max(0.25, 1.25 * streams * blocks * KV_BLOCK_BYTES / 2**30)
+        engine = procs.start("engine", [
+            "heteroserve_engines.cpu_engine", "--served-model-name", ENGINE_MODEL,
+            "--max-model-len", str(MAX_MODEL_LEN), "--max-running", str(streams),
+            "--max-waiting", str(4 * streams), "--kv-cache-gib", f"{kv_gib:.2f}",
+            *(["--model", gguf] if gguf else [])],
+            cpus=engine_cpus, env={"OMP_NUM_THREADS": str(len(engine_cpus)),
+                                   "CUSTOM_CPU_AFFINITY": ",".join(map(str, sorted(engine_cpus)))})
+        procs.wait("engine", f"http://127.0.0.1:{engine}/health")
+        upstreams.append(("engine", ENGINE_MODEL, engine))
+    if "canned" in names:
+        canned = procs.start("canned", ["tests.fakes.canned_upstream"], cpus=engine_cpus)
+        procs.wait("canned", f"http://127.0.0.1:{canned}/health")
+        upstreams.append(("canned", "canned", canned))
+    if "paced" in names:
+        paced = procs.start("paced", ["tests.fakes.canned_upstream", "--token-delay",
+                                      str(paced_token_delay), "--workers", str(len(engine_cpus))],
+                            cpus=engine_cpus)
+        procs.wait("paced", f"http://127.0.0.1:{paced}/health")
+        upstreams.append(("paced", "canned", paced))
     targets = {}
-    for name, model, port in (("engine", ENGINE_MODEL, engine), ("canned", "canned", canned)):
+    for name, model, port in upstreams:
         direct = f"http://127.0.0.1:{port}"
         config = router_config_file(procs.folder, f"router-{name}", model, direct, streams)
         # --port overrides the file's listen port.
@@ -174,6 +192,9 @@ class Level:
     # that minus the upstream's own time from arrival to the first token (read_logs).
     ttfb: dict[str, float] = field(default_factory=dict)
     paired: list[float] = field(default_factory=list)
+    # The load generator's own CPU time over the level's wall time (one asyncio loop: near 1.0
+    # it, not the path, is what the TTFTs measure).
+    client_cpu: float = math.nan
 
     def percentile(self, q: float) -> float:
         return nearest(self.ttfts, q)
@@ -277,10 +298,11 @@ async def run_paths(client: httpx.AsyncClient, bases: list[str], model: str, max
                 if sample.request_id and sample.ttfb is not None:
                     level.ttfb[sample.request_id] = sample.ttfb
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(stream(i) for i in range(streams)))
     for level in levels:
         level.wall = time.perf_counter() - start
+        level.client_cpu = (time.process_time() - cpu) / level.wall
     return levels
 
 
@@ -405,14 +427,16 @@ def describe_machine() -> str:
 def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -> None:
     sys.stderr.flush()
     print(f"\n{machine}")
-    print(f"medians of {rounds} round(s); max_tokens: engine {tokens['engine']}, canned "
-          f"{tokens['canned']}; TTFT to the first chunk with content\n")
+    print(f"medians of {rounds} round(s); max_tokens: "
+          + ", ".join(f"{name} {count}" for name, count in tokens.items())
+          + "; TTFT to the first chunk with content\n")
     print("| upstream | streams | path | TTFT p50 ms | TTFT p99 ms | tok/s | throughput ratio "
           "| added TTFT p50 ms, interleaved | added TTFT p99 ms, interleaved "
           "| added TTFT p50 ms, separate runs | router CPU ms/request "
           "| router's own time p50 ms | router's own time p99 ms "
-          "| added p50 ms, paired | added p99 ms, paired | errors |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| added p50 ms, paired | added p99 ms, paired | load generator CPU % (max) "
+          "| errors |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts: dict[str, list[str]] = {}
     for row in rows:
         for path, levels in (("direct", row.direct), ("router", row.router)):
@@ -455,7 +479,9 @@ def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -
                                  f"{row.streams} streams)")
                 if row.streams == 256 and not ratio >= 0.90:
                     notes.append(f"throughput ratio {ratio:.2f} at 256 streams")
-            print(f"| {row.target} | {row.streams} | {path} | {' | '.join(cells)} | {shown} |")
+            busy = max(lv.client_cpu for lv in [*levels, *mixed])
+            print(f"| {row.target} | {row.streams} | {path} | {' | '.join(cells)} "
+                  f"| {100 * busy:.0f} | {shown} |")
     measured_256 = any(row.streams == 256 for row in rows)
     print("\ngoals: added TTFT p50 <= 2 ms at every level (paired: per request the client's "
           "time to the first bytes minus the upstream's own time from the request's arrival to "
@@ -475,6 +501,12 @@ def main() -> int:
                         help="max_tokens per request to the CPU engine")
     parser.add_argument("--canned-tokens", type=int, default=256,
                         help="max_tokens per request to the canned upstream")
+    parser.add_argument("--paced-tokens", type=int, default=32,
+                        help="max_tokens per request to the paced canned upstream")
+    parser.add_argument("--paced-token-delay", type=float, default=0.02,
+                        help="seconds between the paced upstream's tokens of one stream")
+    parser.add_argument("--targets", default="engine,canned,paced",
+                        help="comma-separated upstreams to measure (engine, canned, paced)")
     parser.add_argument("--requests", type=int, default=16,
                         help="least requests per level (streams run requests back to back)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -497,7 +529,12 @@ def main() -> int:
     levels = [int(n) for n in args.concurrency.split(",")]
     if args.tokens + PROMPT_TOKEN_BUDGET > MAX_MODEL_LEN:
         parser.error(f"--tokens must be at most {MAX_MODEL_LEN - PROMPT_TOKEN_BUDGET}")
-    tokens = {"engine": args.tokens, "canned": args.canned_tokens}
+    names = tuple(dict.fromkeys(args.targets.split(",")))
+    if not names or set(names) - {"engine", "canned", "paced"}:
+        parser.error("--targets takes engine, canned and paced")
+    tokens = {name: count for name, count in (("engine", args.tokens),
+                                              ("canned", args.canned_tokens),
+                                              ("paced", args.paced_tokens)) if name in names}
     allowed = sorted(os.sched_getaffinity(0))
 
     def cpus(text: str | None, default: set[int]) -> set[int]:
@@ -511,8 +548,8 @@ def main() -> int:
     # With few CPUs the load generator sits beside the router for the engine (whose cores it
     # must not take) and beside the canned upstream for the canned target (the router, on its own
     # core, is what is measured there: its ceiling). With four or more it has a core of its own.
-    client_cpus = ({"engine": client, "canned": client} if client
-                   else {"engine": router_cpus, "canned": engine_cpus})
+    client_cpus = ({"engine": client, "canned": client, "paced": client} if client
+                   else {"engine": router_cpus, "canned": engine_cpus, "paced": engine_cpus})
     machine = describe_machine() + (
         f"; routers on CPUs {sorted(router_cpus)}, upstreams on {sorted(engine_cpus)}, load "
         f"generator on {sorted(client_cpus['engine'])} (engine rows) and "
@@ -521,7 +558,7 @@ def main() -> int:
         procs = Processes(Path(folder))
         try:
             targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus,
-                                args.model)
+                                args.model, names, args.paced_token_delay)
             rows = asyncio.run(measure(targets, levels, tokens, args.requests, args.rounds,
                                        client_cpus, procs.folder))
         finally:

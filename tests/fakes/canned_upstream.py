@@ -4,9 +4,12 @@ cannot misbehave on demand: the router's own throughput ceiling (tests/bench/rou
 and the slow, stalled and flapping upstreams of the router's failure tests.
 
     python -m tests.fakes.canned_upstream --port 9000 [--token-delay S] [--first-byte-delay S]
-        [--stall-after N] [--health-file PATH]
+        [--stall-after N] [--health-file PATH] [--workers N]
 
 A raw ASGI app on uvicorn (no framework), so that its own overhead stays far below the router's.
+With `--workers N`, uvicorn's own supervisor runs N processes on the one listening socket, so
+that a paced upstream (`--token-delay`) does not itself queue at hundreds of streams; each
+process then counts its own tokens in /metrics.
 """
 
 from __future__ import annotations
@@ -113,6 +116,15 @@ def build_app(token_delay: float = 0.0, first_byte_delay: float = 0.0,
     return app
 
 
+FACTORY_ENV = "CANNED_UPSTREAM_ARGS"
+
+
+def app_from_env():
+    """The app of a `--workers` process (uvicorn imports it by name in each worker)."""
+    options = json.loads(os.environ[FACTORY_ENV])
+    return build_app(**options)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,13 +135,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stall-after", type=int, default=None)
     parser.add_argument("--health-file", default=None,
                         help="/health answers 503 while this file exists")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes serving the one listening socket")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     import uvicorn
 
-    uvicorn.run(build_app(args.token_delay, args.first_byte_delay, args.stall_after,
-                          args.health_file),
-                host=args.host, port=args.port, log_level="warning", lifespan="on",
-                backlog=4096)
+    options = {"token_delay": args.token_delay, "first_byte_delay": args.first_byte_delay,
+               "stall_after": args.stall_after, "health_file": args.health_file}
+    common = {"host": args.host, "port": args.port, "log_level": "warning", "lifespan": "on",
+              "backlog": 4096}
+    if args.workers == 1:
+        uvicorn.run(build_app(**options), **common)
+        return
+    os.environ[FACTORY_ENV] = json.dumps(options)
+    uvicorn.run("tests.fakes.canned_upstream:app_from_env", factory=True,
+                workers=args.workers, **common)
 
 
 if __name__ == "__main__":
