@@ -43,10 +43,10 @@ if [ "${1:-}" = overload ]; then
   exit 0
 fi
 if [ "${1:-}" = router ]; then
-  # Router on CPU 0, load generator on CPU 1, the engine on 8 more (as in a pod: the sidecar
-  # has a core of its own).
+  # Router on CPU 0, the upstreams on 2-9 (as in a pod: the sidecar has a core of its own), the
+  # load generator on the 7 others (one process each).
   python3 -m tests.bench.router_overhead --model /tmp/smollm2.gguf --router-cpus 0 \
-    --client-cpus 1 --engine-cpus 2-9 ${ROUTER_ARGS:-} | tee "$out/router.txt"
+    --client-cpus 1,10-15 --engine-cpus 2-9 ${ROUTER_ARGS:-} | tee "$out/router.txt"
   exit 0
 fi
 python3 -m tests.bench.split_agreement --device cuda --model /tmp/smollm2.gguf --prompts 50 \

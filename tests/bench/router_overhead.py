@@ -40,9 +40,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import datetime
 import json
 import math
+import multiprocessing
 import os
 import re
 import statistics
@@ -59,6 +61,7 @@ import yaml
 
 from heteroserve_engines.protocol.binding import parse_cpu_list
 from heteroserve_engines.protocol.router_config import Offload, RouterConfig, TierConfig
+from heteroserve_engines.router.transport import UpstreamTransport
 from tests.processes import free_port, stop_process
 
 ENGINE_MODEL = "smollm2"
@@ -306,6 +309,72 @@ async def run_paths(client: httpx.AsyncClient, bases: list[str], model: str, max
     return levels
 
 
+def load_client() -> httpx.AsyncClient:
+    """The load generator's client: httpx over the router's own plain-HTTP transport
+    (router/transport.py: httptools parsing, one write per request). httpx's default transport
+    costs about half a millisecond of the load generator's CPU per streamed chunk (seen on the GPU
+    host: one loop at 100 % of its core relaying under 500 chunks/s), which at 64 and 256
+    streams measured the client instead of the path. Both paths go through it alike."""
+    # The transport keeps every connection it opens: the streams bound them.
+    return httpx.AsyncClient(transport=UpstreamTransport(),
+                             timeout=httpx.Timeout(300, connect=30))
+
+
+def _worker_paths(bases: list[str], model: str, max_tokens: int, streams: int, requests: int,
+                  start_at: float) -> list[Level]:
+    """One load-generator process's share of a level: its own loop and client, warmed up, then
+    starting at `start_at` (time.time()) so that every process's streams begin together."""
+    async def run() -> list[Level]:
+        async with load_client() as client:
+            for base in bases:
+                await run_level(client, base, model, 1, streams, streams)
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+            return await run_paths(client, bases, model, max_tokens, streams, requests)
+    return asyncio.run(run())
+
+
+class LoadGenerators:
+    """Levels from one process per load-generator CPU, each its own asyncio loop and client,
+    with the streams (and requests) shared out; with one CPU, levels run in this process."""
+
+    def __init__(self, cpus: set[int]):
+        self.cpus = sorted(cpus)
+        self.pool = None
+        if len(self.cpus) > 1:
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                len(self.cpus), mp_context=multiprocessing.get_context("spawn"),
+                initializer=os.sched_setaffinity, initargs=(0, set(self.cpus)))
+
+    def close(self) -> None:
+        if self.pool:
+            self.pool.shutdown()
+
+    async def paths(self, client: httpx.AsyncClient, bases: list[str], model: str,
+                    max_tokens: int, streams: int, requests: int) -> list[Level]:
+        if self.pool is None:
+            return await run_paths(client, bases, model, max_tokens, streams, requests)
+        count = len(self.cpus)
+        shares = [share for i in range(count)
+                  if (share := streams // count + (i < streams % count))]
+        total = max(streams, requests)
+        start_at = time.time() + 2.0 + 0.01 * streams  # after every process's warm-up
+        loop = asyncio.get_running_loop()
+        parts = await asyncio.gather(*(
+            loop.run_in_executor(self.pool, _worker_paths, bases, model, max_tokens, share,
+                                 -(-total * share // streams), start_at) for share in shares))
+        merged = [Level([], 0, 0.0, []) for _ in bases]
+        for part in parts:
+            for into, level in zip(merged, part, strict=True):
+                into.ttfts += level.ttfts
+                into.tokens += level.tokens
+                into.errors += level.errors
+                into.ttfb.update(level.ttfb)
+                into.wall = max(into.wall, level.wall)
+                into.client_cpu = level.client_cpu if math.isnan(into.client_cpu) else max(
+                    into.client_cpu, level.client_cpu)   # the busiest process
+        return merged
+
+
 @dataclass
 class Row:
     target: str
@@ -352,45 +421,55 @@ def cpu_seconds(pid: int) -> float:
 async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
                   tokens: dict[str, int], requests: int, rounds: int,
                   client_cpus: dict[str, set[int]], folder: Path) -> list[Row]:
-    connections = 2 * max(levels)
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     rows = []
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300, connect=30)) as client:
+    async with load_client() as client:
         for target, (direct, router, router_pid) in targets.items():
             router_log, upstream_log = folder / f"router-{target}.log", folder / f"{target}.log"
             os.sched_setaffinity(0, client_cpus[target])
-            model = ENGINE_MODEL if target == "engine" else "canned"
-            # Warm-up: first-request code paths, and connections for the widest level (client
-            # to upstream or router, router to upstream). uvicorn closes a connection idle for
-            # 5 s, so a later level may still open some: both paths alike.
-            for base in (direct, router):
-                await run_level(client, base, model, 1, max(levels), max(levels))
-            for streams in levels:
-                row = Row(target, streams, [], [])
-                for _ in range(rounds):
-                    upstream_logged = upstream_log.stat().st_size
-                    level = await run_level(client, direct, model, tokens[target], streams,
+            generators = LoadGenerators(client_cpus[target])
+            try:
+                rows += await measure_target(client, generators, target, direct, router,
+                                             router_pid, levels, tokens[target], requests,
+                                             rounds, router_log, upstream_log)
+            finally:
+                generators.close()
+    return rows
+
+
+async def measure_target(client: httpx.AsyncClient, generators: LoadGenerators, target: str,
+                         direct: str, router: str, router_pid: int, levels: list[int],
+                         tokens: int, requests: int, rounds: int, router_log: Path,
+                         upstream_log: Path) -> list[Row]:
+    rows = []
+    model = ENGINE_MODEL if target == "engine" else "canned"
+    # Warm-up: first-request code paths, and connections for the widest level (client to
+    # upstream or router, router to upstream). uvicorn closes a connection idle for 5 s, so a
+    # later level may still open some: both paths alike.
+    for base in (direct, router):
+        await run_level(client, base, model, 1, max(levels), max(levels))
+    for streams in levels:
+        row = Row(target, streams, [], [])
+        for _ in range(rounds):
+            upstream_logged = upstream_log.stat().st_size
+            [level] = await generators.paths(client, [direct], model, tokens, streams, requests)
+            read_logs(None, 0, upstream_log, upstream_logged, level)
+            row.direct.append(level)
+            before = cpu_seconds(router_pid)
+            logged, upstream_logged = router_log.stat().st_size, upstream_log.stat().st_size
+            [level] = await generators.paths(client, [router], model, tokens, streams, requests)
+            done = len(level.ttfts)
+            # The router's CPU over the whole call, the processes' warm-up requests included.
+            level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
+            read_logs(router_log, logged, upstream_log, upstream_logged, level)
+            row.router.append(level)
+            logged, upstream_logged = router_log.stat().st_size, upstream_log.stat().st_size
+            halves = await generators.paths(client, [direct, router], model, tokens, streams,
                                             requests)
-                    read_logs(None, 0, upstream_log, upstream_logged, level)
-                    row.direct.append(level)
-                    before = cpu_seconds(router_pid)
-                    logged, upstream_logged = (router_log.stat().st_size,
-                                               upstream_log.stat().st_size)
-                    level = await run_level(client, router, model, tokens[target], streams,
-                                            requests)
-                    done = len(level.ttfts)
-                    level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
-                    read_logs(router_log, logged, upstream_log, upstream_logged, level)
-                    row.router.append(level)
-                    logged, upstream_logged = (router_log.stat().st_size,
-                                               upstream_log.stat().st_size)
-                    halves = await run_paths(client, [direct, router], model, tokens[target],
-                                             streams, requests)
-                    read_logs(None, 0, upstream_log, upstream_logged, halves[0])
-                    read_logs(router_log, logged, upstream_log, upstream_logged, halves[1])
-                    row.mixed.append((halves[0], halves[1]))
-                rows.append(row)
-                print(f"  {target} x{streams}: done", file=sys.stderr, flush=True)
+            read_logs(None, 0, upstream_log, upstream_logged, halves[0])
+            read_logs(router_log, logged, upstream_log, upstream_logged, halves[1])
+            row.mixed.append((halves[0], halves[1]))
+        rows.append(row)
+        print(f"  {target} x{streams}: done", file=sys.stderr, flush=True)
     return rows
 
 
