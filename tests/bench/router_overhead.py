@@ -385,7 +385,9 @@ class Row:
     mixed: list[tuple[Level, Level]] = field(default_factory=list)
 
 
-OVERHEAD = re.compile(r"overhead=([0-9.]+)ms")
+# The router's log line of a request: its id (the one it sent upstream and answered the client
+# with) and its own time.
+OVERHEAD = re.compile(r"request ([0-9a-f]+) .*?overhead=([0-9.]+)ms")
 UPSTREAM_LOGGED = re.compile(r"x-request-id=([0-9a-f]+) .*?first_token=([0-9.]+)ms")
 
 
@@ -403,7 +405,9 @@ def read_logs(router_log: Path | None, router_from: int, upstream_log: Path, ups
     if router_log is not None:
         with open(router_log, "rb") as log:
             log.seek(router_from)
-            level.own = [float(v) for v in OVERHEAD.findall(log.read().decode())]
+            # The measured requests only (not the load-generator processes' warm-up requests).
+            level.own = [float(v) for request_id, v in OVERHEAD.findall(log.read().decode())
+                         if request_id in level.ttfb]
     with open(upstream_log, "rb") as log:
         log.seek(upstream_from)
         text = log.read().decode(errors="replace")
@@ -457,8 +461,10 @@ async def measure_target(client: httpx.AsyncClient, generators: LoadGenerators, 
             before = cpu_seconds(router_pid)
             logged, upstream_logged = router_log.stat().st_size, upstream_log.stat().st_size
             [level] = await generators.paths(client, [router], model, tokens, streams, requests)
-            done = len(level.ttfts)
-            # The router's CPU over the whole call, the processes' warm-up requests included.
+            # The router's CPU over the whole call, divided among the requests it served: the
+            # measured ones and, with several load-generator processes, their warm-up requests
+            # (one single-token request per stream).
+            done = len(level.ttfts) + (streams if generators.pool else 0)
             level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
             read_logs(router_log, logged, upstream_log, upstream_logged, level)
             row.router.append(level)
