@@ -273,11 +273,14 @@ async def run_level(client: httpx.AsyncClient, base: str, model: str, max_tokens
 
 
 async def run_paths(client: httpx.AsyncClient, bases: list[str], model: str, max_tokens: int,
-                    streams: int, requests: int) -> list[Level]:
+                    streams: int, requests: int, stagger: float = 0.0,
+                    slot: tuple[int, int] = (0, 1)) -> list[Level]:
     """`streams` streams sending requests back to back until `requests` are done (at least one
     per stream). With two bases each stream alternates between them, request by request (streams
     start on alternate ones): both paths then meet the same upstream in the same state at once,
-    half of the requests each."""
+    half of the requests each. `stagger`: seconds over which the streams' first requests are
+    spread evenly (0: all at once, a burst); `slot` = (this process's index, processes): with
+    several load-generator processes, their streams interleave in that spread."""
     body = request_body(model, max_tokens)
     urls = [f"{base}/v1/chat/completions" for base in bases]
     total = max(streams, requests)
@@ -287,6 +290,8 @@ async def run_paths(client: httpx.AsyncClient, bases: list[str], model: str, max
     async def stream(index: int) -> None:
         nonlocal issued
         turn = index
+        if stagger:
+            await asyncio.sleep(stagger * (index * slot[1] + slot[0]) / (streams * slot[1]))
         while issued < total:
             issued += 1
             path = turn % len(urls)
@@ -321,7 +326,7 @@ def load_client() -> httpx.AsyncClient:
 
 
 def _worker_paths(bases: list[str], model: str, max_tokens: int, streams: int, requests: int,
-                  start_at: float) -> list[Level]:
+                  start_at: float, stagger: float, slot: tuple[int, int]) -> list[Level]:
     """One load-generator process's share of a level: its own loop and client, warmed up, then
     starting at `start_at` (time.time()) so that every process's streams begin together."""
     async def run() -> list[Level]:
@@ -329,7 +334,8 @@ def _worker_paths(bases: list[str], model: str, max_tokens: int, streams: int, r
             for base in bases:
                 await run_level(client, base, model, 1, streams, streams)
             await asyncio.sleep(max(0.0, start_at - time.time()))
-            return await run_paths(client, bases, model, max_tokens, streams, requests)
+            return await run_paths(client, bases, model, max_tokens, streams, requests,
+                                   stagger, slot)
     return asyncio.run(run())
 
 
@@ -337,8 +343,8 @@ class LoadGenerators:
     """Levels from one process per load-generator CPU, each its own asyncio loop and client,
     with the streams (and requests) shared out; with one CPU, levels run in this process."""
 
-    def __init__(self, cpus: set[int]):
-        self.cpus = sorted(cpus)
+    def __init__(self, cpus: set[int], stagger: float = 0.0):
+        self.cpus, self.stagger = sorted(cpus), stagger
         self.pool = None
         if len(self.cpus) > 1:
             self.pool = concurrent.futures.ProcessPoolExecutor(
@@ -352,7 +358,8 @@ class LoadGenerators:
     async def paths(self, client: httpx.AsyncClient, bases: list[str], model: str,
                     max_tokens: int, streams: int, requests: int) -> list[Level]:
         if self.pool is None:
-            return await run_paths(client, bases, model, max_tokens, streams, requests)
+            return await run_paths(client, bases, model, max_tokens, streams, requests,
+                                   self.stagger)
         count = len(self.cpus)
         shares = [share for i in range(count)
                   if (share := streams // count + (i < streams % count))]
@@ -361,7 +368,9 @@ class LoadGenerators:
         loop = asyncio.get_running_loop()
         parts = await asyncio.gather(*(
             loop.run_in_executor(self.pool, _worker_paths, bases, model, max_tokens, share,
-                                 -(-total * share // streams), start_at) for share in shares))
+                                 -(-total * share // streams), start_at, self.stagger,
+                                 (index, len(shares)))
+            for index, share in enumerate(shares)))
         merged = [Level([], 0, 0.0, []) for _ in bases]
         for part in parts:
             for into, level in zip(merged, part, strict=True):
@@ -424,13 +433,14 @@ def cpu_seconds(pid: int) -> float:
 
 async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
                   tokens: dict[str, int], requests: int, rounds: int,
-                  client_cpus: dict[str, set[int]], folder: Path) -> list[Row]:
+                  client_cpus: dict[str, set[int]], folder: Path, stagger: float = 0.0
+                  ) -> list[Row]:
     rows = []
     async with load_client() as client:
         for target, (direct, router, router_pid) in targets.items():
             router_log, upstream_log = folder / f"router-{target}.log", folder / f"{target}.log"
             os.sched_setaffinity(0, client_cpus[target])
-            generators = LoadGenerators(client_cpus[target])
+            generators = LoadGenerators(client_cpus[target], stagger)
             try:
                 rows += await measure_target(client, generators, target, direct, router,
                                              router_pid, levels, tokens[target], requests,
@@ -509,10 +519,12 @@ def describe_machine() -> str:
             f"commit {commit}{' (modified)' if dirty else ''}; load average at start {load}")
 
 
-def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str) -> None:
+def report(rows: list[Row], rounds: int, tokens: dict[str, int], machine: str,
+           stagger: float = 0.0) -> None:
     sys.stderr.flush()
+    stagger_text = f"spread over {stagger:g} s" if stagger else "all at once (a burst)"
     print(f"\n{machine}")
-    print(f"medians of {rounds} round(s); max_tokens: "
+    print(f"medians of {rounds} round(s); streams start {stagger_text}; max_tokens: "
           + ", ".join(f"{name} {count}" for name, count in tokens.items())
           + "; TTFT to the first chunk with content\n")
     print("| upstream | streams | path | TTFT p50 ms | TTFT p99 ms | tok/s | throughput ratio "
@@ -590,6 +602,9 @@ def main() -> int:
                         help="max_tokens per request to the paced canned upstream")
     parser.add_argument("--paced-token-delay", type=float, default=0.02,
                         help="seconds between the paced upstream's tokens of one stream")
+    parser.add_argument("--stagger", type=float, default=0.0,
+                        help="seconds over which each level's streams start (0: all at once, a "
+                        "burst); about one request's duration gives steady arrivals")
     parser.add_argument("--targets", default="engine,canned,paced",
                         help="comma-separated upstreams to measure (engine, canned, paced)")
     parser.add_argument("--requests", type=int, default=16,
@@ -645,10 +660,10 @@ def main() -> int:
             targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus,
                                 args.model, names, args.paced_token_delay)
             rows = asyncio.run(measure(targets, levels, tokens, args.requests, args.rounds,
-                                       client_cpus, procs.folder))
+                                       client_cpus, procs.folder, args.stagger))
         finally:
             procs.stop()
-    report(rows, args.rounds, tokens, machine)
+    report(rows, args.rounds, tokens, machine, args.stagger)
     return 0
 
 
