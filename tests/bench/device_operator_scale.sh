@@ -6,7 +6,8 @@
 # because together they are larger than one call may carry:
 #   call 1 carries .devcarry/cp1 (kube-apiserver.xz, kube-controller-manager.xz, etcd.xz) and
 #          .devcarry/opwhl (the Python wheels the image lacks) and runs `device_operator_scale.sh stage`;
-#   call 2 carries .devcarry/cp2 (kube-scheduler.xz, kwok.xz, kubectl.xz, the kwok-stages folder)
+#   call 2 carries .devcarry/cp2 (kube-scheduler.xz, kwok.xz, kubectl.xz, the kwok-stages folder,
+#          and in wheels/ the rest of the wheels: cryptography, cffi, pycparser)
 #          and runs
 #          `device_operator_scale.sh run [operator_scale arguments]`, writing $OUT/operator-scale.txt.
 set -euo pipefail
@@ -31,6 +32,9 @@ if [ "${1:-}" = stage ]; then
 fi
 shift || true
 unpack .devcarry/cp2
+# The wheels that did not fit beside the first call's binaries.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .devcarry/cp2/wheels/*.whl
 # kwok's stage files (tests/cluster/build-tools.sh writes them beside the binaries)
 rm -rf "$HETEROSERVE_CACHE/kwok-stages" && cp -r .devcarry/cp2/kwok-stages "$HETEROSERVE_CACHE/"
 # helm renders only the chart's peering CRDs, which this benchmark does not install; the
