@@ -27,13 +27,18 @@ table shows medians over rounds. The router's own time comes from its log (`over
 request's arrival to its upstream request, plus relaying the first upstream bytes).
 
 Goals (the router's issue): added TTFT p50 at most 2 ms at every level, and at least 90 % of
-direct throughput at 256 streams.
+direct throughput at 256 streams. By default every stream of a level starts at once (a burst,
+which the router handles one request at a time); `--stagger S` spreads their first requests
+over S seconds (about one request's duration: steady arrivals). The run the goal is judged on
+(docs/benchmarks.md): `--targets paced --concurrency 8,64,256 --paced-tokens 64 --stagger 1.28`
+and `--targets engine --concurrency 1,8 --tokens 16 --stagger 0.35`.
 
-The load generator is one asyncio loop with one httpx client that never decodes the JSON of a
-chunk. With four or more CPUs it has a core of its own; with fewer it shares the router's (engine
-rows) or the upstreams' (canned rows), so the "canned direct" rows are the ceiling of this
-client and the canned upstream together. The router rows also show the router process's CPU time
-per completed request (user + system, /proc).
+The load generator runs from one process per `--client-cpus` CPU (one asyncio loop and client
+each, the streams shared out; with one CPU, in this process), over the router's own plain-HTTP
+transport, and never decodes the JSON of a chunk; each row shows its busiest process's CPU
+(near 100 %, the row measures the client). With four or more CPUs it has a core of its own; with
+fewer it shares the router's (engine rows) or the upstreams' (canned rows). The router rows also
+show the router process's CPU time per request (user + system, /proc).
 """
 
 from __future__ import annotations
