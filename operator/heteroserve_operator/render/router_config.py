@@ -19,6 +19,11 @@ from .containers import ROUTER_CONFIG_FILE
 from .engines import EngineContainer
 from .workloads import decode_name
 
+# libyaml's emitter where PyYAML was built with it (the wheels are): the same YAML as the pure
+# Python SafeDumper, about ten times faster, and every reconcile renders this document (a twentieth
+# of the operator's CPU while a thousand objects converged, in a py-spy profile).
+SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
 
 def router_settings(spec: InferenceDeploymentSpec, owner: meta.Owner,
                     prefill: EngineContainer | None, decode: EngineContainer | None
@@ -99,7 +104,7 @@ def router_configmap(owner: meta.Owner, config: RouterConfig) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": meta.metadata(owner, f"{owner.name}-router", "router"),
-        "data": {ROUTER_CONFIG_FILE: yaml.safe_dump(document, sort_keys=True)},
+        "data": {ROUTER_CONFIG_FILE: yaml.dump(document, Dumper=SAFE_DUMPER, sort_keys=True)},
     }
 
 
