@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                       settings.min_reconcile_interval_seconds)
     # status.decodeBindings, read from the decode engines' /metrics; importing binding_scraper
     # registered its kopf handlers.
-    bindings = BindingScraper(kube, gate, registry)
+    bindings = BindingScraper(kube, gate, registry,
+                              on_status_written=reconciler.status_written_elsewhere)
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf_settings = kopf.OperatorSettings()

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +85,13 @@ class _Attempts:
 class BindingScraper:
     def __init__(self, kube: KubeApi, gate: PeeringGate, registry: CollectorRegistry | None = None,
                  settings: ScrapeSettings | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None):
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 on_status_written: Callable[[dict[str, Any] | None], None] | None = None):
         self.kube, self.gate = kube, gate
+        # Told the object each status write produced: the reconciler then takes that write's
+        # watch event as its own echo (the write changed only this field, which a reconcile
+        # carries over), instead of reconciling the deployment again for nothing.
+        self.on_status_written = on_status_written
         self.settings = settings or ScrapeSettings()
         self.transport = transport
         self.scrapes = Counter("heteroserve_operator_binding_scrapes",
@@ -270,8 +275,10 @@ class BindingScraper:
                 wanted = self._wanted(owner)
                 if wanted == (self.live.get(owner) or []):
                     continue
-                await loop.run_in_executor(None, self.kube.patch_status, namespace, name,
-                                           {FIELD: wanted or None})
+                written = await loop.run_in_executor(None, self.kube.patch_status, namespace,
+                                                     name, {FIELD: wanted or None})
+                if self.on_status_written is not None:
+                    self.on_status_written(written)
             except ApiError as error:
                 if error.status == 404:
                     self.live.pop(owner, None)

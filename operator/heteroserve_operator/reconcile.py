@@ -150,6 +150,12 @@ class Reconciler:
         """True when (kind, namespace, name) at `version` is what this operator last wrote."""
         return version is not None and self._own_versions.get((kind, namespace, name)) == version
 
+    def status_written_elsewhere(self, written: dict[str, Any] | None) -> None:
+        """A status write of an InferenceDeployment by another part of this operator (the
+        binding scraper's `decodeBindings`, which a reconcile carries over unchanged): its watch
+        event is an echo that needs no reconcile."""
+        self._wrote(KIND, written)
+
     def saw(self, kind: str, namespace: str, name: str, version: str | None) -> None:
         """A watch event of a child (`version` None: deleted)."""
         if kind in SEEN_KINDS:

@@ -24,7 +24,7 @@ from heteroserve_operator.decode_bindings import (
     retry_delay,
 )
 from heteroserve_operator.kube import ApiError
-from heteroserve_operator.reconcile import cluster_facts
+from heteroserve_operator.reconcile import Reconciler, cluster_facts
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import Owner
 from heteroserve_operator.status import compute_status
@@ -165,7 +165,7 @@ class FakeKube:
         self.lists += 1
         return self.pod_list
 
-    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         assert (namespace, name) == OWNER
         if self.fail_with:
             raise self.fail_with
@@ -175,6 +175,9 @@ class FakeKube:
                 self.status.pop(key, None)
             else:
                 self.status[key] = value
+        return {"metadata": {"namespace": namespace, "name": name,
+                             "resourceVersion": str(100 + len(self.patches))},
+                "status": dict(self.status)}
 
     def body(self) -> dict[str, Any]:
         return {"metadata": {"namespace": "ns", "name": "llm"}, "status": dict(self.status)}
@@ -208,8 +211,10 @@ class Engines:
 class Rig:
     def __init__(self, settings: ScrapeSettings | None = None):
         self.kube, self.gate, self.engines = FakeKube(), Gate(), Engines()
+        self.written: list[dict[str, Any] | None] = []
         self.scraper = BindingScraper(self.kube, self.gate, settings=settings,
-                                      transport=httpx.MockTransport(self.engines))
+                                      transport=httpx.MockTransport(self.engines),
+                                      on_status_written=self.written.append)
 
     def pods(self, *pods: dict[str, Any], list_too: bool = True) -> None:
         for p in pods:
@@ -411,3 +416,24 @@ def test_the_loop_wakes_for_events_and_for_retries():
             task.cancel()
 
     asyncio.run(scenario())
+
+
+def test_each_status_write_is_handed_on_so_its_echo_queues_no_reconcile():
+    """The scraper's write changes only decodeBindings, which a reconcile carries over: the
+    operator's reconciler is told the write's resourceVersion and takes its watch event as its
+    own echo (handlers.inference_deployment_changed then queues nothing)."""
+    rig = Rig()
+    reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
+    rig.scraper.on_status_written = lambda written: (rig.written.append(written),
+                                                     reconciler.status_written_elsewhere(written))
+    rig.owner()
+    rig.pods(pod(ready=False))
+    rig.step()
+    assert len(rig.kube.patches) == 1 and len(rig.written) == 1
+    version = rig.written[0]["metadata"]["resourceVersion"]
+    assert reconciler.is_own_write("InferenceDeployment", "ns", "llm", version)
+    assert not reconciler.is_own_write("InferenceDeployment", "ns", "llm", "99")
+    # Nothing written, nothing handed on.
+    rig.owner()
+    rig.step()
+    assert len(rig.kube.patches) == 1 and len(rig.written) == 1
