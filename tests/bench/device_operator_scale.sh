@@ -30,7 +30,11 @@ if [ "${1:-}" = stage ]; then
   unpack .devcarry/cp1
   exit 0
 fi
-shift || true
+if [ "${1:-}" != run ]; then
+  echo "usage: device_operator_scale.sh stage | run [operator_scale arguments]" >&2
+  exit 2
+fi
+shift
 unpack .devcarry/cp2
 # The wheels that did not fit beside the first call's binaries.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

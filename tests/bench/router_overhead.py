@@ -58,6 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -331,53 +332,64 @@ def load_client() -> httpx.AsyncClient:
 
 
 def _worker_paths(bases: list[str], model: str, max_tokens: int, streams: int, requests: int,
-                  start_at: float, stagger: float, slot: tuple[int, int]) -> list[Level]:
-    """One load-generator process's share of a level: its own loop and client, warmed up, then
-    starting at `start_at` (time.time()) so that every process's streams begin together."""
+                  barrier, stagger: float, slot: tuple[int, int]) -> list[Level]:
+    """One load-generator process's share of a level: its own loop and client, warmed up
+    (connections and first-request code paths), then waiting at `barrier` for every other
+    process (and the parent, which reads the router's CPU there) before its streams start."""
     async def run() -> list[Level]:
         async with load_client() as client:
             for base in bases:
                 await run_level(client, base, model, 1, streams, streams)
-            await asyncio.sleep(max(0.0, start_at - time.time()))
+            barrier.wait()   # blocks this process's loop, which has nothing else to do
             return await run_paths(client, bases, model, max_tokens, streams, requests,
                                    stagger, slot)
     return asyncio.run(run())
 
 
 class LoadGenerators:
-    """Levels from one process per load-generator CPU, each its own asyncio loop and client,
-    with the streams (and requests) shared out; with one CPU, levels run in this process."""
+    """Levels from as many processes as load-generator CPUs (on those CPUs), each its own
+    asyncio loop and client, with the streams (and requests) shared out; with one CPU, levels
+    run in this process."""
 
     def __init__(self, cpus: set[int], stagger: float = 0.0):
         self.cpus, self.stagger = sorted(cpus), stagger
-        self.pool = None
+        self.pool = self.manager = None
         if len(self.cpus) > 1:
+            context = multiprocessing.get_context("spawn")
+            self.manager = context.Manager()
             self.pool = concurrent.futures.ProcessPoolExecutor(
-                len(self.cpus), mp_context=multiprocessing.get_context("spawn"),
+                len(self.cpus), mp_context=context,
                 initializer=os.sched_setaffinity, initargs=(0, set(self.cpus)))
 
     def close(self) -> None:
         if self.pool:
             self.pool.shutdown()
+        if self.manager:
+            self.manager.shutdown()
 
     async def paths(self, client: httpx.AsyncClient, bases: list[str], model: str,
-                    max_tokens: int, streams: int, requests: int) -> list[Level]:
+                    max_tokens: int, streams: int, requests: int,
+                    on_start: Callable[[], None] = lambda: None) -> list[Level]:
+        """`on_start` runs as the measured streams start (after every warm-up)."""
         if self.pool is None:
+            on_start()
             return await run_paths(client, bases, model, max_tokens, streams, requests,
                                    self.stagger)
         count = len(self.cpus)
         shares = [share for i in range(count)
                   if (share := streams // count + (i < streams % count))]
         total = max(streams, requests)
-        start_at = time.time() + 2.0 + 0.01 * streams  # after every process's warm-up
+        barrier = self.manager.Barrier(len(shares) + 1, timeout=600)
         loop = asyncio.get_running_loop()
-        parts = await asyncio.gather(*(
+        parts = asyncio.gather(*(
             loop.run_in_executor(self.pool, _worker_paths, bases, model, max_tokens, share,
-                                 -(-total * share // streams), start_at, self.stagger,
+                                 -(-total * share // streams), barrier, self.stagger,
                                  (index, len(shares)))
             for index, share in enumerate(shares)))
+        await loop.run_in_executor(None, barrier.wait)
+        on_start()
         merged = [Level([], 0, 0.0, []) for _ in bases]
-        for part in parts:
+        for part in await parts:
             for into, level in zip(merged, part, strict=True):
                 into.ttfts += level.ttfts
                 into.tokens += level.tokens
@@ -438,8 +450,8 @@ def cpu_seconds(pid: int) -> float:
 
 async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
                   tokens: dict[str, int], requests: int, rounds: int,
-                  client_cpus: dict[str, set[int]], folder: Path, stagger: float = 0.0
-                  ) -> list[Row]:
+                  client_cpus: dict[str, set[int]], folder: Path, stagger: float = 0.0,
+                  per_stream: int = 0) -> list[Row]:
     rows = []
     async with load_client() as client:
         for target, (direct, router, router_pid) in targets.items():
@@ -449,7 +461,7 @@ async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
             try:
                 rows += await measure_target(client, generators, target, direct, router,
                                              router_pid, levels, tokens[target], requests,
-                                             rounds, router_log, upstream_log)
+                                             per_stream, rounds, router_log, upstream_log)
             finally:
                 generators.close()
     return rows
@@ -457,8 +469,8 @@ async def measure(targets: dict[str, tuple[str, str, int]], levels: list[int],
 
 async def measure_target(client: httpx.AsyncClient, generators: LoadGenerators, target: str,
                          direct: str, router: str, router_pid: int, levels: list[int],
-                         tokens: int, requests: int, rounds: int, router_log: Path,
-                         upstream_log: Path) -> list[Row]:
+                         tokens: int, base_requests: int, per_stream: int, rounds: int,
+                         router_log: Path, upstream_log: Path) -> list[Row]:
     rows = []
     model = ENGINE_MODEL if target == "engine" else "canned"
     # Warm-up: first-request code paths, and connections for the widest level (client to
@@ -468,19 +480,21 @@ async def measure_target(client: httpx.AsyncClient, generators: LoadGenerators, 
         await run_level(client, base, model, 1, max(levels), max(levels))
     for streams in levels:
         row = Row(target, streams, [], [])
+        requests = max(base_requests, per_stream * streams)
         for _ in range(rounds):
             upstream_logged = upstream_log.stat().st_size
             [level] = await generators.paths(client, [direct], model, tokens, streams, requests)
             read_logs(None, 0, upstream_log, upstream_logged, level)
             row.direct.append(level)
-            before = cpu_seconds(router_pid)
+            before = []
             logged, upstream_logged = router_log.stat().st_size, upstream_log.stat().st_size
-            [level] = await generators.paths(client, [router], model, tokens, streams, requests)
-            # The router's CPU over the whole call, divided among the requests it served: the
-            # measured ones and, with several load-generator processes, their warm-up requests
-            # (one single-token request per stream).
-            done = len(level.ttfts) + (streams if generators.pool else 0)
-            level.cpu = (cpu_seconds(router_pid) - before) / done if done else math.nan
+            [level] = await generators.paths(
+                client, [router], model, tokens, streams, requests,
+                on_start=lambda before=before: before.append(cpu_seconds(router_pid)))
+            # The router's CPU from the measured streams' start (after the load-generator
+            # processes' warm-up requests) per measured request.
+            done = len(level.ttfts)
+            level.cpu = (cpu_seconds(router_pid) - before[0]) / done if done else math.nan
             read_logs(router_log, logged, upstream_log, upstream_logged, level)
             row.router.append(level)
             logged, upstream_logged = router_log.stat().st_size, upstream_log.stat().st_size
@@ -607,6 +621,9 @@ def main() -> int:
                         help="max_tokens per request to the paced canned upstream")
     parser.add_argument("--paced-token-delay", type=float, default=0.02,
                         help="seconds between the paced upstream's tokens of one stream")
+    parser.add_argument("--requests-per-stream", type=int, default=0,
+                        help="least requests per stream and level (with --requests, the larger "
+                        "count): several keep every level's streams busy past its ramp")
     parser.add_argument("--stagger", type=float, default=0.0,
                         help="seconds over which each level's streams start (0: all at once, a "
                         "burst); about one request's duration gives steady arrivals")
@@ -665,7 +682,8 @@ def main() -> int:
             targets = start_all(procs, max(levels), args.tokens, engine_cpus, router_cpus,
                                 args.model, names, args.paced_token_delay)
             rows = asyncio.run(measure(targets, levels, tokens, args.requests, args.rounds,
-                                       client_cpus, procs.folder, args.stagger))
+                                       client_cpus, procs.folder, args.stagger,
+                                       args.requests_per_stream))
         finally:
             procs.stop()
     report(rows, args.rounds, tokens, machine, args.stagger)

@@ -87,6 +87,23 @@ def test_deleted_and_edited_children_are_restored(cluster, operator, namespace):
     wait_ready(cluster, namespace, NAME)
 
 
+def test_endpoint_slice_watch_sees_the_router_services_slices_only(cluster, operator, namespace):
+    """The operator's EndpointSlice watch selector, asked of the apiserver as the operator asks
+    it: exactly the router Service's slices, whose ready endpoints RouterReady counts (the
+    controller-manager copies a Service's labels onto its slices); not the headless decode
+    Service's."""
+    from heteroserve_operator.handlers import WATCH_SELECTORS
+
+    apply_sample(cluster, namespace)
+    selector = WATCH_SELECTORS[("discovery.k8s.io", "v1", "endpointslices")]
+    every = get_json(cluster, "endpointslices", "-n", namespace)["items"]
+    assert {s["metadata"]["labels"]["kubernetes.io/service-name"] for s in every} == {
+        NAME, f"{NAME}-decode"}
+    watched = get_json(cluster, "endpointslices", "-n", namespace, "-l", selector)["items"]
+    assert watched and {s["metadata"]["labels"]["kubernetes.io/service-name"]
+                        for s in watched} == {NAME}
+
+
 def test_spec_change_rolls_out(cluster, operator, namespace):
     apply_sample(cluster, namespace)
     cluster.kubectl("patch", "inferencedeployment", NAME, "-n", namespace, "--type=merge", "-p",
