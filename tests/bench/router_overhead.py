@@ -29,9 +29,11 @@ request's arrival to its upstream request, plus relaying the first upstream byte
 Goals (the router's issue): added TTFT p50 at most 2 ms at every level, and at least 90 % of
 direct throughput at 256 streams. By default every stream of a level starts at once (a burst,
 which the router handles one request at a time); `--stagger S` spreads their first requests
-over S seconds (about one request's duration: steady arrivals). The run the goal is judged on
-(docs/benchmarks.md): `--targets paced --concurrency 8,64,256 --paced-tokens 64 --stagger 1.28`
-and `--targets engine --concurrency 1,8 --tokens 16 --stagger 0.35`.
+over S seconds (about one request's duration: steady arrivals), and `--requests-per-stream K`
+keeps every stream busy for K requests (a sustained level, not a ramp). The runs the goal is
+judged on (docs/benchmarks.md): `--targets paced --concurrency 8,64,256 --paced-tokens 64
+--stagger 1.28 --requests-per-stream 4` and `--targets engine --concurrency 1,8 --tokens 16
+--stagger 0.35`.
 
 The load generator runs from one process per `--client-cpus` CPU (one asyncio loop and client
 each, the streams shared out; with one CPU, in this process), over the router's own plain-HTTP
