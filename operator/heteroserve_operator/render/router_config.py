@@ -20,8 +20,9 @@ from .engines import EngineContainer
 from .workloads import decode_name
 
 # libyaml's emitter where PyYAML was built with it (the wheels are): the same YAML as the pure
-# Python SafeDumper, about ten times faster, and every reconcile renders this document (a twentieth
-# of the operator's CPU while a thousand objects converged, in a py-spy profile).
+# Python SafeDumper for ASCII text (tests/unit/test_router_config_render.py; a long non-ASCII
+# string is folded by one and not the other), about ten times faster, and every reconcile renders
+# this document (a twentieth of the operator's CPU while a thousand objects converged, py-spy).
 SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
