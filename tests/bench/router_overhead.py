@@ -676,8 +676,8 @@ def main() -> int:
                    else {"engine": router_cpus, "canned": engine_cpus, "paced": engine_cpus})
     machine = describe_machine() + (
         f"; routers on CPUs {sorted(router_cpus)}, upstreams on {sorted(engine_cpus)}, load "
-        f"generator on {sorted(client_cpus['engine'])} (engine rows) and "
-        f"{sorted(client_cpus['canned'])} (canned rows)")
+        f"generator on " + ", ".join(f"{sorted(client_cpus[name])} ({name} rows)"
+                                     for name in names))
     with tempfile.TemporaryDirectory(prefix="router-overhead-") as folder:
         procs = Processes(Path(folder))
         try:

@@ -424,8 +424,12 @@ def test_each_status_write_is_handed_on_so_its_echo_queues_no_reconcile():
     own echo (handlers.inference_deployment_changed then queues nothing)."""
     rig = Rig()
     reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
-    rig.scraper.on_status_written = lambda written: (rig.written.append(written),
-                                                     reconciler.status_written_elsewhere(written))
+
+    def handed_on(written):
+        rig.written.append(written)
+        reconciler.status_written_elsewhere(written)
+
+    rig.scraper.on_status_written = handed_on
     rig.owner()
     rig.pods(pod(ready=False))
     rig.step()

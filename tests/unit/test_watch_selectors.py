@@ -1,16 +1,19 @@
-"""The operator's server-side watch selectors (handlers.WATCH_SELECTORS) against the labels the
-render gives each child: a selector that stopped matching a child would leave its changes unseen
-until the resync."""
+"""The operator's watch wiring (handlers.py): its server-side watch selectors against the labels
+the render gives each child (a selector that stopped matching a child would leave its changes
+unseen until the resync), and which InferenceDeployment events queue a reconcile."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
+import kopf
 import yaml
 
 from heteroserve_operator.api import InferenceDeploymentSpec
-from heteroserve_operator.handlers import WATCH_SELECTORS
-from heteroserve_operator.reconcile import cluster_facts
+from heteroserve_operator.handlers import WATCH_SELECTORS, inference_deployment_changed
+from heteroserve_operator.reconcile import Reconciler, cluster_facts
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import Owner
 from tests.cluster.catalogue import load_catalogue
@@ -63,3 +66,35 @@ def test_endpoint_slices_of_the_router_service_only():
     assert len(services) == 2 and len(watched) == 1
     (router,) = watched
     assert services[router]["app.kubernetes.io/component"] == "router"
+
+
+class _Queue:
+    def __init__(self):
+        self.added: list[tuple[str, str]] = []
+
+    def add(self, namespace: str, name: str) -> None:
+        self.added.append((namespace, name))
+
+
+def _event(generation: int, observed: int, version: str = "7") -> kopf.Body:
+    return kopf.Body({"apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment",
+                      "metadata": {"namespace": "ns", "name": "llm", "resourceVersion": version,
+                                   "generation": generation},
+                      "status": {"observedGeneration": observed}})
+
+
+def test_an_own_write_echo_queues_nothing_unless_the_spec_moved_past_the_status():
+    """After a watch reconnect the one event kopf delivers for an object may be the operator's
+    own status write that followed a spec edit: that echo must still queue a reconcile."""
+    reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
+    reconciler.status_written_elsewhere({"metadata": {"namespace": "ns", "name": "llm",
+                                                      "resourceVersion": "7"}})
+    memo = SimpleNamespace(reconciler=reconciler, queue=_Queue())
+    run = asyncio.run
+    run(inference_deployment_changed(body=_event(3, 3), event={"type": "MODIFIED"}, memo=memo))
+    assert memo.queue.added == []                      # the echo of its own write
+    run(inference_deployment_changed(body=_event(4, 3), event={"type": "MODIFIED"}, memo=memo))
+    assert memo.queue.added == [("ns", "llm")]         # own write, but the spec moved on
+    run(inference_deployment_changed(body=_event(3, 3, "8"), event={"type": "MODIFIED"},
+                                     memo=memo))
+    assert memo.queue.added == [("ns", "llm")] * 2     # someone else's write

@@ -21,8 +21,9 @@ from .workloads import decode_name
 
 # libyaml's emitter where PyYAML was built with it (the wheels are): the same YAML as the pure
 # Python SafeDumper for ASCII text (tests/unit/test_router_config_render.py; a long non-ASCII
-# string is folded by one and not the other), about ten times faster, and every reconcile renders
-# this document (a twentieth of the operator's CPU while a thousand objects converged, py-spy).
+# string is folded by one and not the other), 4.8x faster (timeit of one rendered router document
+# on the 2-core VM: 0.21 ms against 0.99 ms), and every reconcile renders this document (the
+# Python emitter was a twentieth of the operator's CPU while objects converged, in py-spy).
 SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
