@@ -247,7 +247,8 @@ def quantize_q8(x: torch.Tensor) -> torch.Tensor:
     shape = x.shape
     blocks = x.float().reshape(*shape[:-1], shape[-1] // QK, QK)
     amax = blocks.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax != 0, 127.0 / amax, torch.zeros_like(amax))
+    inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax),  # not 127.0 / amax:
+                          torch.zeros_like(amax))  # that multiplies by a rounded reciprocal
     q = torch.round(blocks * inverse)
     return (q * (amax / 127.0)).reshape(shape)
 

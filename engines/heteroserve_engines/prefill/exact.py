@@ -1,0 +1,558 @@
+"""The CPU engine's arithmetic bit for bit, in torch, on any device (`--activation-quantization
+avx512vnni`).
+
+Why: the CPU engine quantizes every product's input to 8 bits, so a float rounding difference
+anywhere (a summation order, an exp) moves a value across an 8-bit boundary now and then, and
+that becomes a whole quantization step in the next product. KV computed with any other
+arithmetic - float, or 8-bit activations summed in another order - is as far from the decoder's
+own as its quantization noise, and greedy continuations of it part from the CPU engine alone's
+at the first near-tie (docs/prefill-engine.md). KV computed with the same operations in the
+same order is the decoder's own, bit for bit.
+
+This module repeats, operation for operation, what engines/cpu/src/model.c does with the
+avx512vnni kernel table (x86_avx512.c, x86_common.h, attend.h) - the variant whose results do
+not depend on the batch (the amx variant computes the leading 16-column tiles of a wide step on
+the tile unit, which sums a block in one integer: its results depend on where a token sits in
+the step, so no prefill can match them in general):
+
+- integer parts exactly: the products of 8-bit activations and 4- or 8-bit weights are summed
+  per SIMD lane (8 elements: 4 of a block's first half and the 4 at +16) with a float32 matrix
+  product, exact for integers below 2^24;
+- float parts in the kernel's order: per lane `fma(isum * d_act, d_weight, acc)` over groups of
+  four blocks, then `_mm512_reduce_add_ps`'s tree (GCC's), q4_1's minimum terms in their own
+  four lanes; RMSNorm's sum of squares as dot_f32 (8 FMA lanes, then hsum_ps's tree); attention
+  as attend_f16 (8-lane FMA dots of each fp16 K row, online softmax per 64 positions, each
+  weight times the fp16 V row fused into the accumulator), spans of 256 positions combined as
+  attn_combine does; every other operation as model.c writes it, one float32 rounding each
+  (model.c is built without FMA);
+- a fused multiply-add rounds once: emulated in float64 (the product is exact there) with the
+  sum rounded to odd, which the final rounding to float32 then makes exact (Boldo & Melquiond);
+- glibc's expf is repeated in float64 (its own algorithm and table); powf, cosf and sinf (the
+  RoPE angles, a table per position) are glibc's own, called on the host.
+
+It is slow next to the float path (hundreds of small operations per layer, float64 where the
+kernels fuse) and meant for what needs the decoder's exact KV: a hand-off whose continuation is
+the CPU engine alone's. The decode side must run the same variant (`--kernels avx512vnni`;
+decode steps of under 16 sequences compute the same on amx), and glibc's expf/cosf/sinf/powf
+on both sides must be the same implementation (glibc >= 2.28 on both images).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+
+import numpy as np
+import torch
+
+from ..cpu_engine.gguf_file import F16, F32, Q4_0, Q4_1, Q8_0, GGUFFile, TensorInfo
+from ..cpu_engine.gguf_model import ModelConfig, ModelFileError, _converted
+
+VARIANTS = ("avx512vnni",)
+QK = 32
+GROUP = 4           # blocks per avx512 activation group (16 int32 lanes, 4 per block)
+ATTN_SPAN = 256     # model.c: positions per attention item
+INNER_SPAN = 64     # kernels.h HS_ATTN_SPAN: positions scored at once in attend_f16
+T_CHUNK = 256       # activation rows per product pass here (bounds the lane-sum tensor)
+
+# -- libm -----------------------------------------------------------------------------------
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+for _name, _args in (("powf", 2), ("cosf", 1), ("sinf", 1), ("expf", 1)):
+    getattr(_libm, _name).restype = ctypes.c_float
+    getattr(_libm, _name).argtypes = [ctypes.c_float] * _args
+
+
+def libm(name: str, *args: float) -> float:
+    """glibc's float function `name` (powf, cosf, sinf, expf) on float32 arguments."""
+    return float(getattr(_libm, name)(*args))
+
+
+# -- fused multiply-add, reductions ----------------------------------------------------------
+
+def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """float32 fma(a, b, c) = round(a * b + c), one rounding. a * b is exact in float64; the
+    sum is rounded to odd there (the nearest result with the exact sum's error folded into its
+    last bit), so that rounding it to float32 gives the correctly rounded result."""
+    p = a.double() * b.double()
+    cd = c.double()
+    s = p + cd
+    v = s - cd
+    err = (p - v) + (cd - (s - v))  # TwoSum: s + err == p + cd exactly
+    even = (s.view(torch.int64) & 1) == 0
+    nudge = (err != 0) & even
+    if bool(nudge.any()):
+        toward = torch.where(err > 0, torch.full_like(s, float("inf")),
+                             torch.full_like(s, float("-inf")))
+        s = torch.where(nudge, torch.nextafter(s, toward), s)
+    return s.float()
+
+
+def hsum8(a: torch.Tensor) -> torch.Tensor:
+    """x86_common.h hsum_ps over the last dimension (8 lanes): ((a0+a4) + (a2+a6)) +
+    ((a1+a5) + (a3+a7))."""
+    s = a[..., 0:4] + a[..., 4:8]
+    t = s[..., 0:2] + s[..., 2:4]
+    return t[..., 0] + t[..., 1]
+
+
+def reduce16(a: torch.Tensor) -> torch.Tensor:
+    """GCC's _mm512_reduce_add_ps over the first dimension (16 lanes): halves, quarters, then
+    (q0 + q2) + (q1 + q3)."""
+    h = a[8:16] + a[0:8]
+    q = h[4:8] + h[0:4]
+    return (q[0] + q[2]) + (q[1] + q[3])
+
+
+def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x86_common.h dot_f32 of the last dimension: 8 FMA lanes over 8-element steps, hsum_ps,
+    then the remainder added in order."""
+    n = x.shape[-1]
+    full = n // 8 * 8
+    shape = torch.broadcast_shapes(w.shape[:-1], x.shape[:-1])
+    acc = torch.zeros(*shape, 8, dtype=torch.float32, device=x.device)
+    for j in range(0, full, 8):
+        acc = fma32(w[..., j:j + 8], x[..., j:j + 8], acc)
+    total = hsum8(acc)
+    for j in range(full, n):
+        total = total + w[..., j] * x[..., j]
+    return total
+
+
+# -- glibc's expf ----------------------------------------------------------------------------
+
+_EXP2F_N = 32
+_INVLN2N = float.fromhex("0x1.71547652b82fep+0") * _EXP2F_N
+_C0 = float.fromhex("0x1.c6af84b912394p-5") / _EXP2F_N / _EXP2F_N / _EXP2F_N
+_C1 = float.fromhex("0x1.ebfce50fac4f3p-3") / _EXP2F_N / _EXP2F_N
+_C2 = float.fromhex("0x1.62e42ff0c52d6p-1") / _EXP2F_N
+_SHIFT = float.fromhex("0x1.8p+52")
+_OVERFLOW = float.fromhex("0x1.62e42ep6")    # float32: above, expf is +inf
+_UNDERFLOW = -float.fromhex("0x1.9fe368p6")  # float32: below, expf is 0
+
+
+def _exp2_table() -> list[float]:
+    """2^(i/32), correctly rounded to float64 (glibc's __exp2f_data.tab holds these, with the
+    exponent bits of i/32 taken out)."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        return [float(Decimal(2) ** (Decimal(i) / Decimal(_EXP2F_N))) for i in range(_EXP2F_N)]
+
+
+_EXP2_TABLE = _exp2_table()
+_tables: dict[torch.device, torch.Tensor] = {}
+
+
+def expf(x: torch.Tensor) -> torch.Tensor:
+    """glibc's expf (sysdeps/ieee754/flt-32/e_expf.c) on a float32 tensor, in float64 as glibc
+    computes it: x * 32/ln2 = k + r, 2^(k/32) from the table, a cubic in r. glibc's FMA build
+    fuses three of the polynomial's steps; that changes the float64 value by an ulp, which moves
+    the float32 result only when it sits within 2^-29 of a rounding midpoint."""
+    table = _tables.get(x.device)
+    if table is None:
+        table = _tables[x.device] = torch.tensor(_EXP2_TABLE, dtype=torch.float64,
+                                                 device=x.device)
+    xd = x.double()
+    z = _INVLN2N * xd
+    kd = (z + _SHIFT) - _SHIFT  # round to nearest, ties to even, as glibc's shift does
+    kd = torch.where(torch.isfinite(kd), kd, torch.zeros_like(kd))
+    k = kd.long()
+    r = z - kd
+    # 2^(k >> 5) built from its bits (exact; k >> 5 lies in [-150, 128] here)
+    s = table[k & (_EXP2F_N - 1)] * (((k >> 5) + 1023) << 52).view(torch.float64)
+    zz = _C0 * r + _C1
+    r2 = r * r
+    y = _C2 * r + 1.0
+    y = zz * r2 + y
+    out = (y * s).float()
+    out = torch.where(x > _OVERFLOW, torch.full_like(out, float("inf")), out)
+    out = torch.where(x < _UNDERFLOW, torch.zeros_like(out), out)
+    return torch.where(torch.isnan(x), x, out)
+
+
+# -- weights ---------------------------------------------------------------------------------
+
+@dataclass
+class QMatrix:
+    """A weight matrix as the avx512vnni kernels read it: `lanes` [blocks * 4, 8, rows] float32
+    holding each SIMD lane's 8 integer weights (q4_0 and q8_0 signed, q4_1's nibbles unsigned;
+    the block count padded to whole groups of four with zero blocks, as the kernels' masked
+    loads read a partial group), `d` [blocks, rows] the block scales, `m` q4_1's minimums; or
+    `dense` [rows, cols] for f16/f32 weights (dot_f16 / dot_f32)."""
+
+    kind: int
+    rows: int
+    cols: int
+    lanes: torch.Tensor | None = None
+    d: torch.Tensor | None = None
+    m: torch.Tensor | None = None
+    dense: torch.Tensor | None = None
+    ints: np.ndarray | None = None  # [rows, cols] the integer weights (embedding lookups)
+    scales: np.ndarray | None = None  # [rows, blocks] float32
+    mins: np.ndarray | None = None
+
+
+# Element order of a block's 4 lanes: lane k holds elements 4k..4k+3 and 16+4k..16+4k+3.
+LANE_ORDER = np.array([e for k in range(4) for e in (*range(4 * k, 4 * k + 4),
+                                                     *range(16 + 4 * k, 20 + 4 * k))])
+
+
+def _blocks(raw: np.ndarray, kind: int, rows: int, cols: int):
+    """(integer weights [rows, cols], scales [rows, blocks], minimums or None) of q4_0, q4_1,
+    q8_0 rows, GGUF's element order (a q4 byte j holds element j low, j + 16 high)."""
+    nb = cols // QK
+    if kind == Q8_0:
+        b = raw.reshape(rows, nb, 34)
+        d = b[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+        q = b[..., 2:].copy().view(np.int8).astype(np.int32)
+        return q.reshape(rows, cols), d, None
+    size = 18 if kind == Q4_0 else 20
+    b = raw.reshape(rows, nb, size)
+    d = b[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)
+    m = b[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32) if kind == Q4_1 else None
+    qs = b[..., size - 16:].astype(np.int32)
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    if kind == Q4_0:
+        q = q - 8
+    return q.reshape(rows, cols), d, m
+
+
+def load_matrix(mapped: np.ndarray, tensor: TensorInfo, device: torch.device,
+                rows_kept: bool = False) -> QMatrix:
+    """One weight matrix as the CPU engine computes with it: q4_0, q4_1, q8_0, f16 and f32 as
+    they are, any other type requantized to q8_0 through the same function its loader uses."""
+    cols, rows = int(tensor.shape[0]), int(tensor.shape[1]) if len(tensor.shape) == 2 else 1
+    raw = mapped[tensor.data_offset:tensor.data_offset + tensor.n_bytes]
+    kind = tensor.tensor_type
+    if kind not in (F32, F16, Q4_0, Q4_1, Q8_0):
+        kind, blob = _converted(memoryview(np.ascontiguousarray(raw)), kind, rows, cols, None,
+                                True)
+        raw = np.asarray(blob, dtype=np.uint8)
+    if kind in (F32, F16):
+        dense = np.frombuffer(raw.tobytes(), "<f4" if kind == F32 else "<f2")
+        return QMatrix(kind, rows, cols,
+                       dense=torch.from_numpy(dense.astype(np.float32).reshape(rows, cols))
+                       .to(device))
+    if cols % QK:
+        raise ModelFileError(f"{tensor.name}: {cols} columns are not whole blocks of {QK}")
+    ints, d, m = _blocks(np.asarray(raw), kind, rows, cols)
+    nb = cols // QK
+    pad = -nb % GROUP
+    lanes = ints.reshape(rows, nb, QK)[:, :, LANE_ORDER].reshape(rows, nb * 4, 8)
+    lanes = np.concatenate([lanes, np.zeros((rows, pad * 4, 8), np.int32)], axis=1)
+    to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    pad_blocks = lambda a: np.concatenate([a, np.zeros((rows, pad), np.float32)], 1).T  # noqa: E731
+    return QMatrix(kind, rows, cols,
+                   lanes=to(lanes.transpose(1, 2, 0).astype(np.float32)),
+                   d=to(pad_blocks(d)), m=None if m is None else to(pad_blocks(m)),
+                   ints=ints if rows_kept else None, scales=d if rows_kept else None,
+                   mins=m if rows_kept else None)
+
+
+def embed_rows(w: QMatrix, tokens: list[int], device: torch.device) -> torch.Tensor:
+    """hs_dequantize_row of each token's row: q * d (q4_1: q * d + m), float32."""
+    if w.dense is not None:
+        return w.dense[torch.tensor(tokens, device=w.dense.device)].to(device)
+    ints = torch.from_numpy(w.ints[tokens].astype(np.float32)).reshape(len(tokens), -1, QK)
+    d = torch.from_numpy(w.scales[tokens])[..., None]
+    rows = ints * d
+    if w.mins is not None:
+        rows = rows + torch.from_numpy(w.mins[tokens])[..., None]
+    return rows.reshape(len(tokens), w.cols).to(device)
+
+
+# -- activations and products ----------------------------------------------------------------
+
+@dataclass
+class Activations:
+    """Rows quantized as quantize_block does: `lanes` [rows, blocks * 4, 8] the int8 values in
+    lane order (float32), `d` [rows, blocks] the scales max/127, `s` [rows, blocks] d * sum;
+    blocks padded to whole groups of four with zeros; `x` the float rows (f16/f32 weights)."""
+
+    lanes: torch.Tensor
+    d: torch.Tensor
+    s: torch.Tensor
+    x: torch.Tensor
+
+
+def quantize(x: torch.Tensor) -> Activations:
+    n, cols = x.shape
+    nb = cols // QK
+    blocks = x.reshape(n, nb, QK)
+    amax = blocks.abs().amax(-1)
+    # torch's `scalar / tensor` multiplies by the reciprocal (two roundings): divide tensors
+    inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
+    q = torch.round(blocks * inverse[..., None])  # round half to even, as _mm256_round_ps
+    d = amax / 127.0
+    s = d * q.sum(-1)  # the sum is an exact integer
+    pad = -nb % GROUP
+    order = torch.as_tensor(LANE_ORDER, device=x.device)
+    lanes = q[..., order].reshape(n, nb * 4, 8)
+    if pad:
+        lanes = torch.cat([lanes, lanes.new_zeros(n, pad * 4, 8)], 1)
+        d = torch.cat([d, d.new_zeros(n, pad)], 1)
+        s = torch.cat([s, s.new_zeros(n, pad)], 1)
+    return Activations(lanes, d, s, x)
+
+
+def matmul(w: QMatrix, a: Activations) -> torch.Tensor:
+    """out[t][r] = the avx512vnni tile's result for activation row t and weight row r."""
+    if w.dense is not None:  # f16/f32 weights: dot_f16 / dot_f32 of float activations
+        return dot_f32(w.dense[None, :, :], a.x[:, None, :])
+    outs = []
+    for t0 in range(0, a.lanes.shape[0], T_CHUNK):
+        outs.append(_matmul_rows(w, a.lanes[t0:t0 + T_CHUNK], a.d[t0:t0 + T_CHUNK],
+                                 a.s[t0:t0 + T_CHUNK]))
+    return torch.cat(outs)
+
+
+def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tensor
+                 ) -> torch.Tensor:
+    n_lanes = w.lanes.shape[0]
+    # [lanes, t, rows]: each lane's integer sum, exact in float32
+    isum = torch.bmm(lanes.transpose(0, 1), w.lanes)
+    scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd
+    dw = w.d.repeat_interleave(4, 0)[:, None, :]
+    acc = torch.zeros(16, lanes.shape[0], w.rows, dtype=torch.float32, device=lanes.device)
+    for g in range(0, n_lanes, 16):
+        acc = fma32(scaled[g:g + 16], dw[g:g + 16], acc)
+    out = reduce16(acc)
+    if w.m is not None:  # q4_1: fma(m, d * sum, mins) per block of the group, then hadd
+        mins = torch.zeros(4, lanes.shape[0], w.rows, dtype=torch.float32, device=lanes.device)
+        sums = s.T[:, :, None]
+        for b in range(0, w.m.shape[0], GROUP):
+            mins = fma32(w.m[b:b + GROUP, None, :], sums[b:b + GROUP], mins)
+        out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
+    return out
+
+
+# -- the layer's other operations --------------------------------------------------------------
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    ss = dot_f32(x, x)
+    # torch.sqrt of float32 is not always correctly rounded on the CPU (sqrtss is); float64's
+    # square root rounded to float32 is (53 >= 2 * 24 + 2 bits)
+    root = torch.sqrt((ss / float(d) + np.float32(eps)).double()).float()
+    scale = torch.ones_like(ss).div(root)
+    return (x * scale[:, None]) * weight
+
+
+class RopeTables:
+    """cos/sin of position * inv_freq[j] as model.c computes them (glibc's powf, cosf, sinf on
+    float32), grown per position as needed and kept."""
+
+    def __init__(self, config: ModelConfig, device: torch.device):
+        self.half, self.device = config.head_dim // 2, device
+        base = np.float32(config.rope_base)
+        self.inv_freq = [np.float32(libm("powf", base, np.float32(-2.0) * np.float32(i)
+                                         / np.float32(config.head_dim)))
+                         for i in range(self.half)]
+        self.cos = torch.zeros(0, self.half, device=device)
+        self.sin = torch.zeros(0, self.half, device=device)
+
+    def upto(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        have = self.cos.shape[0]
+        if n > have:
+            new_cos = np.empty((n - have, self.half), np.float32)
+            new_sin = np.empty_like(new_cos)
+            for p in range(have, n):
+                for j, f in enumerate(self.inv_freq):
+                    theta = np.float32(p) * f
+                    new_cos[p - have, j] = libm("cosf", theta)
+                    new_sin[p - have, j] = libm("sinf", theta)
+            self.cos = torch.cat([self.cos, torch.from_numpy(new_cos).to(self.device)])
+            self.sin = torch.cat([self.sin, torch.from_numpy(new_sin).to(self.device)])
+        return self.cos, self.sin
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
+    """x [n, heads, head_dim]; cos/sin [n, head_dim / 2]: x0*c - x1*s, x0*s + x1*c."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        a, b = x[..., :half], x[..., half:]
+        return torch.cat((a * c - b * s, a * s + b * c), -1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack((a * c - b * s, a * s + b * c), -1).flatten(-2)
+
+
+def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: list[int],
+              group: int) -> torch.Tensor:
+    """attn_task + attend_f16 (+ attn_combine) for the queries q [n, heads, head_dim] at
+    `positions` over the sequence's cached rows keys/values [positions, kv heads, head_dim]
+    (fp16 values in float32). Returns [n, heads * head_dim]."""
+    n, heads, hd = q.shape
+    dev = q.device
+    scale = np.float32(1.0) / np.float32(np.sqrt(np.float32(hd)))
+    k_heads = keys.repeat_interleave(group, 1)    # [P, heads, hd]: query head h's KV head
+    v_heads = values.repeat_interleave(group, 1)
+    pos = torch.tensor(positions, device=dev)
+    parts = []  # per outer span: (acc, m, l, active)
+    for o0 in range(0, max(positions) + 1, ATTN_SPAN):
+        count = torch.clamp(pos + 1 - o0, 0, ATTN_SPAN)  # positions of this span per query
+        m = torch.full((n, heads), float("-inf"), device=dev)
+        l_sum = torch.zeros(n, heads, device=dev)
+        acc = torch.zeros(n, heads, hd, device=dev)
+        for p0 in range(0, int(count.max()), INNER_SPAN):
+            width = min(INNER_SPAN, int(count.max()) - p0)
+            span = slice(o0 + p0, o0 + p0 + width)
+            valid = torch.arange(width, device=dev)[None, :] < (count - p0)[:, None]  # [n, w]
+            active = valid[:, 0]
+            kk = k_heads[span]  # [w, heads, hd]
+            dots = torch.zeros(n, heads, width, 8, device=dev)
+            for j in range(0, hd, 8):  # dots_f16: fma(k, q, a) per 8-lane step
+                dots = fma32(kk[None, :, :, j:j + 8].transpose(1, 2),
+                             q[:, :, None, j:j + 8], dots)
+            s = hsum8(dots) * scale  # [n, heads, w]
+            vmask = valid[:, None, :]
+            mx = torch.maximum(m, torch.where(vmask, s, float("-inf")).amax(-1))
+            rescale = expf(m - torch.where(active[:, None], mx, m.new_zeros(())))
+            rescale = torch.where(active[:, None], rescale, torch.ones_like(rescale))
+            l_new = l_sum * rescale
+            acc_new = acc * rescale[..., None]
+            e = expf(s - mx[..., None])
+            total = torch.zeros_like(l_sum)
+            for p in range(width):
+                total = torch.where(vmask[:, :, p], total + e[:, :, p], total)
+            l_new = l_new + total
+            vv = v_heads[span]  # [w, heads, hd]
+            for p in range(width):  # axpys_f16: acc = fma(w, v, acc)
+                upd = fma32(e[:, :, p, None], vv[None, p], acc_new)
+                acc_new = torch.where(vmask[:, :, p, None], upd, acc_new)
+            keep = active[:, None]
+            m = torch.where(keep, mx, m)
+            l_sum = torch.where(keep, l_new, l_sum)
+            acc = torch.where(keep[..., None], acc_new, acc)
+        parts.append((acc, m, l_sum, count > 0))
+    if len(parts) == 1:
+        return (parts[0][0] / parts[0][2][..., None]).reshape(n, heads * hd)
+    spans = torch.tensor([(p // ATTN_SPAN) + 1 for p in positions], device=dev)
+    single = (parts[0][0] / parts[0][2][..., None])
+    mx = torch.stack([torch.where(a[:, None], m, float("-inf")) for _, m, _, a in parts]).amax(0)
+    out = torch.zeros_like(parts[0][0])
+    total = torch.zeros_like(parts[0][2])
+    for acc, m, l_sum, active in parts:  # attn_combine, in span order
+        weight = expf(m - mx)
+        keep = active[:, None]
+        total = torch.where(keep, total + l_sum * weight, total)
+        out = torch.where(keep[..., None], out + weight[..., None] * acc, out)
+    combined = out / total[..., None]
+    return torch.where((spans > 1)[:, None, None], combined, single).reshape(n, heads * hd)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return gate / (1.0 + expf(-gate)) * up
+
+
+# -- the model -------------------------------------------------------------------------------
+
+@dataclass
+class ExactLayer:
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    wq: QMatrix
+    wk: QMatrix
+    wv: QMatrix
+    wo: QMatrix
+    w_gate: QMatrix
+    w_up: QMatrix
+    w_down: QMatrix
+    bq: torch.Tensor | None
+    bk: torch.Tensor | None
+    bv: torch.Tensor | None
+
+
+class ExactModel:
+    """The CPU engine's forward pass (avx512vnni), one sequence at a time."""
+
+    def __init__(self, reader: GGUFFile, config: ModelConfig, device: torch.device,
+                 variant: str = "avx512vnni"):
+        if variant not in VARIANTS:
+            raise ValueError(f"exact CPU-engine numerics exist for {VARIANTS}, not {variant!r}")
+        if device.type == "cuda":  # float32 products of integers must stay float32 (no TF32)
+            torch.backends.cuda.matmul.allow_tf32 = False
+        self.config, self.device, self.variant = config, device, variant
+        mapped = np.memmap(reader.path, dtype=np.uint8, mode="r")
+        by_name = {t.name: t for t in reader.tensors}
+
+        def tensor(name: str, required: bool = True) -> TensorInfo | None:
+            if name not in by_name and required:
+                raise ModelFileError(f"{reader.path}: tensor {name} is missing")
+            return by_name.get(name)
+
+        def vector(name: str, required: bool = True) -> torch.Tensor | None:
+            info = tensor(name, required)
+            if info is None:
+                return None
+            if info.tensor_type != F32:
+                raise ModelFileError(f"{name}: the CPU engine takes float32 norms and biases")
+            raw = mapped[info.data_offset:info.data_offset + info.n_bytes]
+            return torch.from_numpy(np.frombuffer(raw.tobytes(), "<f4").copy()).to(device)
+
+        def matrix(name: str, rows_kept: bool = False) -> QMatrix:
+            return load_matrix(mapped, tensor(name), device, rows_kept)
+
+        self.layers = []
+        for i in range(config.n_layer):
+            p = f"blk.{i}."
+            self.layers.append(ExactLayer(
+                vector(p + "attn_norm.weight"), vector(p + "ffn_norm.weight"),
+                matrix(p + "attn_q.weight"), matrix(p + "attn_k.weight"),
+                matrix(p + "attn_v.weight"), matrix(p + "attn_output.weight"),
+                matrix(p + "ffn_gate.weight"), matrix(p + "ffn_up.weight"),
+                matrix(p + "ffn_down.weight"),
+                vector(p + "attn_q.bias", False), vector(p + "attn_k.bias", False),
+                vector(p + "attn_v.bias", False)))
+        self.embedding = matrix("token_embd.weight", rows_kept=True)
+        self.output = (matrix("output.weight") if "output.weight" in by_name
+                       else self.embedding)
+        self.output_norm = vector("output_norm.weight")
+        self.rope = RopeTables(config, device)
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], start: int, keys: list[torch.Tensor],
+                values: list[torch.Tensor]) -> tuple[torch.Tensor, list, list]:
+        """Positions start .. start+len(tokens)-1 of one sequence whose earlier K/V rows are
+        keys[layer] / values[layer] ([start, kv_dim], fp16 values). Returns the last token's
+        logits (float32) and each layer's new K and V rows (float16, [len(tokens), kv_dim])."""
+        c, dev = self.config, self.device
+        n = len(tokens)
+        positions = list(range(start, start + n))
+        cos, sin = self.rope.upto(start + n)
+        cos, sin = cos[start:start + n], sin[start:start + n]
+        hd, group = c.head_dim, c.n_head // c.n_head_kv
+        x = embed_rows(self.embedding, tokens, dev)
+        xb = None
+        new_k, new_v = [], []
+        for index, layer in enumerate(self.layers):
+            if index > 0:
+                x = x + xb
+            h = quantize(rmsnorm(x, layer.attn_norm, c.eps))
+            q, k, v = matmul(layer.wq, h), matmul(layer.wk, h), matmul(layer.wv, h)
+            if layer.bq is not None:
+                q = q + layer.bq
+            if layer.bk is not None:
+                k = k + layer.bk
+            if layer.bv is not None:
+                v = v + layer.bv
+            q = rope(q.view(n, c.n_head, hd), cos, sin, c.rope_neox)
+            k = rope(k.view(n, c.n_head_kv, hd), cos, sin, c.rope_neox).reshape(n, -1)
+            k16, v16 = k.half(), v.half()
+            new_k.append(k16)
+            new_v.append(v16)
+            all_k = torch.cat([keys[index].to(dev, torch.float16), k16]).float()
+            all_v = torch.cat([values[index].to(dev, torch.float16), v16]).float()
+            att = attention(q, all_k.view(-1, c.n_head_kv, hd), all_v.view(-1, c.n_head_kv, hd),
+                            positions, group)
+            xb = matmul(layer.wo, quantize(att))
+            x = x + xb
+            h = quantize(rmsnorm(x, layer.ffn_norm, c.eps))
+            act = swiglu(matmul(layer.w_gate, h), matmul(layer.w_up, h))
+            xb = matmul(layer.w_down, quantize(act))
+        x = x + xb
+        head = rmsnorm(x[n - 1:n], self.output_norm, c.eps)
+        logits = matmul(self.output, quantize(head))
+        return logits[0], new_k, new_v
