@@ -5,7 +5,10 @@ split's first `--tokens` tokens equal the CPU engine's own, and the median time 
 token of each path.
 
     python -m tests.bench.split_agreement [--device cuda] [--model FILE] [--prompts 50]
-        [--decoder-threads N] [--prefill-args "..."]
+        [--decoder-threads N] [--prefill-args "..."] [--decoder-args "..."]
+
+For a split that reproduces the CPU engine alone bit for bit: --prefill-args
+"--activation-quantization avx512vnni" --decoder-args "--kernels avx512vnni".
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--decoder-threads", type=int, default=1)
     parser.add_argument("--prefill-args", default="")
+    parser.add_argument("--decoder-args", default="",
+                        help="more CPU engine arguments (e.g. --kernels avx512vnni)")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory(prefix="split-") as name:
@@ -80,7 +85,8 @@ def main() -> int:
                                                       args.device, *common,
                                                       *args.prefill_args.split()], [cpus[0]])
             procs.append(proc)
-            proc, decoder = start(folder, "decoder", ["heteroserve_engines.cpu_engine", *common],
+            proc, decoder = start(folder, "decoder", ["heteroserve_engines.cpu_engine", *common,
+                                                      *args.decoder_args.split()],
                                   cpus[-args.decoder_threads:])
             procs.append(proc)
             port = free_port()
@@ -107,7 +113,7 @@ def main() -> int:
             for content in prompts(args.prompts):
                 seconds, alone = stream_chat(decoder, content, args.tokens)
                 ttft["cpu engine alone"].append(seconds)
-                seconds, _ = stream_chat(prefill, content, args.tokens)
+                seconds, _ = stream_chat(prefill, content, 1)  # its time to a first token
                 ttft["prefill engine alone"].append(seconds)
                 seconds, split = stream_chat(router, content, args.tokens)
                 ttft["split"].append(seconds)
@@ -119,7 +125,8 @@ def main() -> int:
             for proc in reversed(procs):
                 stop_process(proc)
     print(f"device {args.device}; decoder on {args.decoder_threads} CPU(s); "
-          f"prefill args {args.prefill_args!r}; {args.prompts} chat prompts, greedy, "
+          f"prefill args {args.prefill_args!r}; decoder args {args.decoder_args!r}; "
+          f"{args.prompts} chat prompts, greedy, "
           f"{args.tokens} tokens\n")
     print(f"split output equal to the CPU engine alone: {agree} of {args.prompts} "
           f"({100 * agree / args.prompts:.0f} %)")

@@ -37,11 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
                         default="auto", help="compute and KV dtype (auto: float32 on cpu, "
                         "bfloat16 on hpu, float16 elsewhere)")
-    parser.add_argument("--activation-quantization", choices=["none", "q8"], default="none",
-                        help="none (default): float activations. q8: the CPU engine's numerics - "
-                        "each product with a quantized weight takes 8-bit activations (blocks of "
-                        "32, float32 scale, rounded as its kernels round), K/V rounded to float16 "
-                        "(prefill/model.py: what it does and does not change)")
+    parser.add_argument("--activation-quantization", choices=["none", "q8", "avx512vnni"],
+                        default="none",
+                        help="none (default): float activations. q8: the CPU engine's 8-bit "
+                        "activations (blocks of 32, float32 scale, rounded as its kernels "
+                        "round), K/V rounded to float16, summed in torch's order. avx512vnni: "
+                        "the CPU engine's avx512vnni kernels bit for bit (K/V and logits equal "
+                        "its own; slow; decode engines on --kernels avx512vnni). "
+                        "prefill/model.py and exact.py say what each changes")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="devices per replica; only 1 is supported yet")
     parser.add_argument("--max-model-len", type=int, default=None,
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     log.info("loaded %s (%s, %.0f MiB of %s weights on %s, %s activations, KV budget %d "
-             "tokens = %.0f MiB) in %.1f s", path, config.name, model.weights.bytes / 2**20,
+             "tokens = %.0f MiB) in %.1f s", path, config.name, model.weight_bytes / 2**20,
              str(dtype).removeprefix("torch."), device, args.activation_quantization,
              pool.budget_tokens, pool.bytes / 2**20, time.monotonic() - started)
     name = args.served_model_name or os.path.basename(path).split(".")[0]

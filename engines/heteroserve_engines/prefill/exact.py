@@ -73,21 +73,32 @@ def libm(name: str, *args: float) -> float:
 # -- fused multiply-add, reductions ----------------------------------------------------------
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """float32 fma(a, b, c) = round(a * b + c), one rounding. a * b is exact in float64; the
-    sum is rounded to odd there (the nearest result with the exact sum's error folded into its
-    last bit), so that rounding it to float32 gives the correctly rounded result."""
-    p = a.double() * b.double()
-    cd = c.double()
-    s = p + cd
-    v = s - cd
-    err = (p - v) + (cd - (s - v))  # TwoSum: s + err == p + cd exactly
-    even = (s.view(torch.int64) & 1) == 0
-    nudge = (err != 0) & even
-    if bool(nudge.any()):
-        toward = torch.where(err > 0, torch.full_like(s, float("inf")),
-                             torch.full_like(s, float("-inf")))
-        s = torch.where(nudge, torch.nextafter(s, toward), s)
-    return s.float()
+    """float32 fma(a, b, c) = round(a * b + c), one rounding (a, b, c float32)."""
+    return add_rounded(a.double() * b.double(), c.double()).float()
+
+
+_MIDPOINT_MASK, _MIDPOINT = (1 << 29) - 1, 1 << 28  # the 29 bits float64 has beyond float32
+_TINY = 2.0 ** -125  # below, float32 drops more bits (subnormals): always the exact path
+
+
+def add_rounded(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """p + c (float64 tensors; p exact, c a float32 value) rounded once to float32's precision,
+    returned in float64. Rounding the float64 sum again to float32 is already right except
+    where that sum landed exactly on a float32 midpoint; those elements (rare) are redone with
+    the sum's exact error (TwoSum) folded in as round-to-odd (Boldo & Melquiond)."""
+    s = p + c
+    out = s.float()
+    suspect = ((s.view(torch.int64) & _MIDPOINT_MASK) == _MIDPOINT) | (s.abs() < _TINY)
+    if bool(suspect.any()):
+        index = suspect.nonzero(as_tuple=True)
+        ps, cs, ss = p[index], c[index], s[index]
+        v = ss - cs
+        err = (ps - v) + (cs - (ss - v))  # ss + err == ps + cs exactly
+        nudge = (err != 0) & ((ss.view(torch.int64) & 1) == 0)
+        toward = torch.where(err > 0, torch.full_like(ss, float("inf")),
+                             torch.full_like(ss, float("-inf")))
+        out[index] = torch.where(nudge, torch.nextafter(ss, toward), ss).float()
+    return out.double()
 
 
 def hsum8(a: torch.Tensor) -> torch.Tensor:
@@ -313,17 +324,20 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
     n_lanes = w.lanes.shape[0]
     # [lanes, t, rows]: each lane's integer sum, exact in float32
     isum = torch.bmm(lanes.transpose(0, 1), w.lanes)
-    scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd
-    dw = w.d.repeat_interleave(4, 0)[:, None, :]
-    acc = torch.zeros(16, lanes.shape[0], w.rows, dtype=torch.float32, device=lanes.device)
+    scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd, float32
+    # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
+    # accumulator a float32 value carried in float64
+    products = scaled.double() * w.d.double().repeat_interleave(4, 0)[:, None, :]
+    acc = torch.zeros(16, lanes.shape[0], w.rows, dtype=torch.float64, device=lanes.device)
     for g in range(0, n_lanes, 16):
-        acc = fma32(scaled[g:g + 16], dw[g:g + 16], acc)
-    out = reduce16(acc)
+        acc = add_rounded(products[g:g + 16], acc)
+    out = reduce16(acc.float())
     if w.m is not None:  # q4_1: fma(m, d * sum, mins) per block of the group, then hadd
-        mins = torch.zeros(4, lanes.shape[0], w.rows, dtype=torch.float32, device=lanes.device)
-        sums = s.T[:, :, None]
+        products = w.m.double()[:, None, :] * s.T.double()[:, :, None]
+        mins = torch.zeros(4, lanes.shape[0], w.rows, dtype=torch.float64, device=lanes.device)
         for b in range(0, w.m.shape[0], GROUP):
-            mins = fma32(w.m[b:b + GROUP, None, :], sums[b:b + GROUP], mins)
+            mins = add_rounded(products[b:b + GROUP], mins)
+        mins = mins.float()
         out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
     return out
 
@@ -511,6 +525,20 @@ class ExactModel:
                        else self.embedding)
         self.output_norm = vector("output_norm.weight")
         self.rope = RopeTables(config, device)
+
+    @property
+    def bytes(self) -> int:
+        """Device memory of the weights as held here (integer lanes in float32)."""
+        total = 0
+        mats = [self.embedding] + ([self.output] if self.output is not self.embedding else [])
+        for layer in self.layers:
+            mats += [layer.wq, layer.wk, layer.wv, layer.wo, layer.w_gate, layer.w_up,
+                     layer.w_down]
+        for w in mats:
+            for t in (w.lanes, w.d, w.m, w.dense):
+                if t is not None:
+                    total += t.numel() * t.element_size()
+        return total
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], start: int, keys: list[torch.Tensor],

@@ -44,6 +44,12 @@ Activation quantization (`activation_quantization`, the engine's `--activation-q
   (tests/e2e/test_split_prefill.py). q8 also costs the engine's own batch invariance: the same
   sequence in another batch shape can cross a boundary and take another greedy path at a
   near-tie, as the CPU engine's matrix-unit kernels can (tests/variants.py).
+- `avx512vnni`: the CPU engine's avx512vnni kernels bit for bit (prefill/exact.py): every
+  operation of engines/cpu/src/model.c and that kernel table repeated in the same order with
+  the same roundings, so K/V rows and logits equal the CPU engine's exactly, on any torch
+  device. Slow next to the float path (float64 emulation of fused multiply-adds, sequential
+  per-lane sums) and one sequence at a time; what a hand-off needs when its continuation must
+  be the CPU engine alone's. The decode engines run `--kernels avx512vnni`.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ import torch.nn.functional as F
 
 from ..cpu_engine.gguf_file import GGUFFile
 from ..cpu_engine.gguf_model import ModelConfig, open_gguf, read_config
+from . import exact as exact_numerics
 from .kv_pool import KvPool
 from .weights import LayerWeights, Weights, load_weights
 
@@ -70,18 +77,20 @@ class Chunk:
     blocks: list[int]
 
 
-ACTIVATION_QUANTIZATIONS = ("q8", "none")
+ACTIVATION_QUANTIZATIONS = ("q8", "none", *exact_numerics.VARIANTS)
 QK = 32  # values per activation block (engines/cpu/src/blocks.h HS_QK)
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: Weights, device: torch.device,
-                 dtype: torch.dtype, activation_quantization: str = "none"):
+    def __init__(self, config: ModelConfig, weights: Weights | None, device: torch.device,
+                 dtype: torch.dtype, activation_quantization: str = "none",
+                 exact: exact_numerics.ExactModel | None = None):
         if activation_quantization not in ACTIVATION_QUANTIZATIONS:
             raise ValueError(f"activation_quantization must be one of "
                              f"{ACTIVATION_QUANTIZATIONS}, not {activation_quantization!r}")
         self.config, self.weights, self.device, self.dtype = config, weights, device, dtype
         self.activation_quantization = activation_quantization
+        self.exact = exact
         self.q8 = activation_quantization == "q8"
         half = config.head_dim // 2
         exponents = -2.0 * torch.arange(half, dtype=torch.float32) / config.head_dim
@@ -96,9 +105,20 @@ class LlamaModel:
                              f"{ACTIVATION_QUANTIZATIONS}, not {activation_quantization!r}")
         reader = open_gguf(path)
         config = read_config(reader)
+        if activation_quantization in exact_numerics.VARIANTS:
+            if dtype not in (torch.float32, torch.float16):
+                raise ValueError(f"--activation-quantization {activation_quantization} keeps "
+                                 f"the CPU engine's float16 K/V: the dtype must be float32 or "
+                                 f"float16, not {str(dtype).removeprefix('torch.')}")
+            exact = exact_numerics.ExactModel(reader, config, device, activation_quantization)
+            return cls(config, None, device, dtype, activation_quantization, exact), reader
         weights = load_weights(reader, config, device, dtype,
                                cpu_engine_weights=activation_quantization == "q8")
         return cls(config, weights, device, dtype, activation_quantization), reader
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.exact.bytes if self.exact is not None else self.weights.bytes
 
     @property
     def kv_dim(self) -> int:
@@ -114,6 +134,8 @@ class LlamaModel:
     def forward(self, chunks: list[Chunk], pool: KvPool) -> torch.Tensor:
         """Logits (float32, [len(chunks), n_vocab]) of each chunk's last token; K/V of every
         new token land in the pool."""
+        if self.exact is not None:
+            return self._forward_exact(chunks, pool)
         c, w, dev = self.config, self.weights, self.device
         lengths = [len(ch.tokens) for ch in chunks]
         tokens = torch.tensor([t for ch in chunks for t in ch.tokens], device=dev)
@@ -155,6 +177,26 @@ class LlamaModel:
         if self.q8 and w.output_quantized:
             head = quantize_q8(head).to(self.dtype)
         return (head @ w.output.T).float()
+
+    def _forward_exact(self, chunks: list[Chunk], pool: KvPool) -> torch.Tensor:
+        """The CPU engine's own arithmetic (exact.py), one chunk after another: each reads its
+        earlier positions' K/V from the pool and writes its new ones."""
+        logits = []
+        for ch in chunks:
+            earlier = torch.tensor(pool.slots(ch.blocks, 0, ch.start), dtype=torch.long,
+                                   device=self.device)
+            keys = [pool.data[layer, 0].index_select(0, earlier)
+                    for layer in range(self.config.n_layer)]
+            values = [pool.data[layer, 1].index_select(0, earlier)
+                      for layer in range(self.config.n_layer)]
+            last, new_k, new_v = self.exact.forward(ch.tokens, ch.start, keys, values)
+            slots = torch.tensor(pool.slots(ch.blocks, ch.start, ch.start + len(ch.tokens)),
+                                 dtype=torch.long, device=self.device)
+            for layer in range(self.config.n_layer):
+                pool.data[layer, 0].index_copy_(0, slots, new_k[layer].to(pool.data.dtype))
+                pool.data[layer, 1].index_copy_(0, slots, new_v[layer].to(pool.data.dtype))
+            logits.append(last)
+        return torch.stack(logits)
 
     def _input(self, x: torch.Tensor, matrix: str, layer: LayerWeights,
                shared: torch.Tensor | None = None) -> torch.Tensor:
