@@ -10,7 +10,10 @@
 # warm machine, carrying p2 and p3) runs the router's overhead benchmark on the host cores
 # instead and writes $OUT/router.txt; `device_pd.sh kv` runs only the hand-off benchmark;
 # `device_pd.sh overload` (on a machine where a run already assembled the model, no parts
-# needed) the engine's overload benchmark into $OUT/overload.txt.
+# needed) the engine's overload benchmark into $OUT/overload.txt; `device_pd.sh agreement` only
+# the split's agreement with the CPU engine alone (PREFILL_ARGS, DECODER_ARGS: e.g.
+# "--activation-quantization avx512vnni" and "--kernels avx512vnni" for the exact hand-off);
+# `device_pd.sh exact` that exact hand-off: tests.bench.exact_kv on CUDA, then the agreement.
 set -euo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
@@ -35,6 +38,23 @@ if [ "${1:-}" = kv ]; then
     --decoder-threads 8 --rounds ${ROUNDS:-3} | tee "$out/kv-handoff.txt"
   exit 0
 fi
+split_agreement() {
+  python3 -m tests.bench.split_agreement --device cuda --model /tmp/smollm2.gguf --prompts 50 \
+    --decoder-threads 8 ${PREFILL_ARGS:+--prefill-args "$PREFILL_ARGS"} \
+    ${DECODER_ARGS:+--decoder-args "$DECODER_ARGS"} | tee "$out/split.txt"
+}
+if [ "${1:-}" = agreement ]; then
+  split_agreement
+  exit 0
+fi
+if [ "${1:-}" = exact ]; then
+  # The exact hand-off: K/V from CUDA against the CPU engine's own, then the split's agreement.
+  python3 -m tests.bench.exact_kv --device cuda --model /tmp/smollm2.gguf --threads 8 \
+    ${EXACT_ARGS:-} | tee "$out/exact-kv.txt" || true
+  PREFILL_ARGS="--activation-quantization avx512vnni" DECODER_ARGS="--kernels avx512vnni" \
+    split_agreement
+  exit 0
+fi
 if [ "${1:-}" = overload ]; then
   # The CPU engine's server under twice its saturating load and 200 abandoned requests
   # (issue 14): the engine on 8 cores, the load generator on one of its own.
@@ -49,8 +69,7 @@ if [ "${1:-}" = router ]; then
     --client-cpus 1,10-15 --engine-cpus 2-9 ${ROUTER_ARGS:-} | tee "$out/router.txt"
   exit 0
 fi
-python3 -m tests.bench.split_agreement --device cuda --model /tmp/smollm2.gguf --prompts 50 \
-  --decoder-threads 8 ${PREFILL_ARGS:+--prefill-args "$PREFILL_ARGS"} | tee "$out/split.txt"
+split_agreement
 python3 -m tests.bench.kv_handoff --exporter prefill --device cuda --model /tmp/smollm2.gguf \
   --decoder-threads 8 --rounds 3 ${PREFILL_ARGS:+--exporter-args "$PREFILL_ARGS"} \
   | tee "$out/kv-handoff.txt"

@@ -1,23 +1,25 @@
 """The split path with the builtin prefill engine: through the router's `split` policy the
 PyTorch prefill engine (a process on the CPU device, as in CI) computes each prompt and exports
-its KV, the CPU engine pulls it and decodes; 50 chat prompts at temperature 0 against the CPU
-engine alone, the first 32 tokens, with both `--activation-quantization` settings.
+its KV, the CPU engine pulls it and decodes; chat prompts at temperature 0 against the CPU
+engine alone, the first 32 tokens, with each `--activation-quantization` setting.
 
-Measured (2-core VM, CPU engine on its best kernels, amx; this test and an in-process harness
-agree): the split gives the CPU engine alone's 32 tokens on 13/50 prompts with `q8`, 15/50 with
-`none` - and a second CPU engine on another of its kernel variants as the exporter does no
-better: 14/50 (avx512vnni), 15/50 (reference); the CPU engine on two of its variants, without a
-hand-off, agrees on 12-14/50. The first token agrees on 40-48/50. Every divergence starts at a
-near-tie of the CPU engine's own logits (at most 0.6 logits apart, median 0.08): its 8-bit
-activation quantization turns any float rounding difference (a summation order, an exp) into
-whole quantization steps within a layer or two, so K/V computed by any other arithmetic -
-float, emulated 8-bit, its own other kernels - differ from the decoder's own by its
-quantization noise (~0.8 logits at the first token), and SmolLM2's chat answers are full of
-near-ties. Only KV bit-identical to the decoder's (an exporter on the same kernels:
-test_kv_handoff.py, 50/50) gives the same 32 tokens on every prompt; "95 % of 50 prompts" is
-out of reach of any prefill on other hardware. So this asserts the hand-offs themselves, a rate
-well above what a wrong KV gives (a wrong layout or RoPE convention is off by 15-20 logits: no
-prompt agrees) and answers that mostly start alike, and prints the rates."""
+With `avx512vnni` the prefill engine repeats the CPU engine's avx512vnni arithmetic bit for bit
+(prefill/exact.py) and the decoder runs those kernels: the split's 32 tokens are the CPU engine
+alone's on every prompt (asserted; 50 of 50 with tests.bench.split_agreement).
+
+With float arithmetic (`none`, `q8`) they are not, and cannot be. Measured (2-core VM, CPU
+engine on its best kernels, amx; this test and an in-process harness agree): the split gives
+the CPU engine alone's 32 tokens on 13/50 prompts with `q8`, 15/50 with `none` - and a second
+CPU engine on another of its kernel variants as the exporter does no better: 14/50
+(avx512vnni), 15/50 (reference); the CPU engine on two of its variants, without a hand-off,
+agrees on 12-14/50. The first token agrees on 40-48/50. Every divergence starts at a near-tie
+of the CPU engine's own logits (at most 0.6 logits apart, median 0.08): its 8-bit activation
+quantization turns any float rounding difference (a summation order, an exp) into whole
+quantization steps within a layer or two, so K/V computed by any other arithmetic differ from
+the decoder's own by its quantization noise (~0.8 logits at the first token), and SmolLM2's
+chat answers are full of near-ties. So for those modes this asserts the hand-offs themselves, a
+rate well above what a wrong KV gives (a wrong layout or RoPE convention is off by 15-20 logits:
+no prompt agrees) and answers that mostly start alike, and prints the rates."""
 
 from __future__ import annotations
 
@@ -123,3 +125,58 @@ def test_split_with_the_builtin_prefill_engine_against_the_cpu_engine_alone(
     assert decoder.metric("heteroserve:kv_imported_tokens_total") > imported
     assert rate >= MIN_AGREEMENT
     assert shared_start / len(PROMPTS) >= MIN_SHARED_START
+
+
+EXACT_PROMPTS = PROMPTS[::4]  # 13 prompts: the exact prefill takes seconds each on one core
+
+
+@pytest.fixture(scope="module")
+def exact_pair(tmp_path_factory, token_file):
+    """The prefill engine on the CPU engine's avx512vnni arithmetic, and a decoder on those
+    kernels."""
+    prefill = start_prefill(tmp_path_factory.mktemp("exact-prefill"), "--kv-token-file",
+                            str(token_file), "--activation-quantization", "avx512vnni",
+                            env=ONE_CORE[0])
+    decoder = start_engine(tmp_path_factory.mktemp("exact-decoder"), "--max-model-len", "512",
+                           "--kv-token-file", str(token_file), "--kernels", "avx512vnni",
+                           env=ONE_CORE[1])
+    yield prefill, decoder
+    stop_engine(decoder)
+    stop_process(prefill.proc)
+
+
+def test_split_with_exact_numerics_gives_the_cpu_engine_alones_tokens(tmp_path, exact_pair):
+    prefill, decoder = exact_pair
+    alone = []
+    for content in EXACT_PROMPTS:
+        answer = httpx.post(f"http://127.0.0.1:{decoder.port}/v1/chat/completions",
+                            timeout=120, json={
+                                "model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0,
+                                "messages": [{"role": "user", "content": content}]})
+        assert answer.status_code == 200, answer.text
+        alone.append(answer.json()["choices"][0]["message"]["content"])
+    router = start_router(tmp_path, {
+        "model": MODEL, "policy": "split",
+        "accelerator": {"urls": [f"http://127.0.0.1:{prefill.port}"], "kvExport": True},
+        "cpu": {"urls": [f"http://127.0.0.1:{decoder.port}"], "kvImport": True}})
+    try:
+        client = client_for(router)
+        imported = decoder.metric("heteroserve:kv_imported_tokens_total")
+        differing = []
+        for content, expected in zip(EXACT_PROMPTS, alone, strict=True):
+            raw = client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": content}],
+                max_tokens=MAX_TOKENS, temperature=0)
+            assert raw.headers["x-heteroserve-tier"] == "cpu"
+            split = raw.parse().choices[0].message.content
+            if split != expected:
+                differing.append((content, expected, split))
+        handoffs = router.metric("heteroserve_router_kv_handoffs_total", outcome="ok")
+    finally:
+        stop_router(router)
+    print(f"\nsplit (builtin prefill on cpu, --activation-quantization avx512vnni, decoder "
+          f"--kernels avx512vnni) vs the CPU engine alone: "
+          f"{len(EXACT_PROMPTS) - len(differing)}/{len(EXACT_PROMPTS)} equal")
+    assert handoffs == len(EXACT_PROMPTS)
+    assert decoder.metric("heteroserve:kv_imported_tokens_total") > imported
+    assert not differing, differing
