@@ -85,20 +85,28 @@ def add_rounded(p: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """p + c (float64 tensors; p exact, c a float32 value) rounded once to float32's precision,
     returned in float64. Rounding the float64 sum again to float32 is already right except
     where that sum landed exactly on a float32 midpoint; those elements (rare) are redone with
-    the sum's exact error (TwoSum) folded in as round-to-odd (Boldo & Melquiond)."""
+    the sum's exact error (TwoSum) folded in as round-to-odd (Boldo & Melquiond). On the CPU
+    only the suspects are redone; on an accelerator every element is (no host round trip)."""
     s = p + c
-    out = s.float()
     suspect = ((s.view(torch.int64) & _MIDPOINT_MASK) == _MIDPOINT) | (s.abs() < _TINY)
-    if bool(suspect.any()):
-        index = suspect.nonzero(as_tuple=True)
-        ps, cs, ss = p[index], c[index], s[index]
-        v = ss - cs
-        err = (ps - v) + (cs - (ss - v))  # ss + err == ps + cs exactly
-        nudge = (err != 0) & ((ss.view(torch.int64) & 1) == 0)
-        toward = torch.where(err > 0, torch.full_like(ss, float("inf")),
-                             torch.full_like(ss, float("-inf")))
-        out[index] = torch.where(nudge, torch.nextafter(ss, toward), ss).float()
-    return out.double()
+    if s.device.type == "cpu":
+        out = s.float()
+        if bool(suspect.any()):
+            index = suspect.nonzero(as_tuple=True)
+            out[index] = _round_to_odd(p[index], c[index], s[index]).float()
+        return out.double()
+    return torch.where(suspect, _round_to_odd(p, c, s), s).float().double()
+
+
+def _round_to_odd(p: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """s = p + c rounded to nearest, moved one float64 ulp toward the exact sum where it is
+    inexact and even."""
+    v = s - c
+    err = (p - v) + (c - (s - v))  # s + err == p + c exactly
+    nudge = (err != 0) & ((s.view(torch.int64) & 1) == 0)
+    toward = torch.where(err > 0, torch.full_like(s, float("inf")),
+                         torch.full_like(s, float("-inf")))
+    return torch.where(nudge, torch.nextafter(s, toward), s)
 
 
 def hsum8(a: torch.Tensor) -> torch.Tensor:
@@ -255,8 +263,11 @@ def load_matrix(mapped: np.ndarray, tensor: TensorInfo, device: torch.device,
     lanes = np.concatenate([lanes, np.zeros((rows, pad * 4, 8), np.int32)], axis=1)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     pad_blocks = lambda a: np.concatenate([a, np.zeros((rows, pad), np.float32)], 1).T  # noqa: E731
+    # float32 products of these integers are exact; cuBLAS may compute float32 products in
+    # reduced precision (TF32 and the like), so on CUDA they are float64
+    lane_type = np.float64 if device.type == "cuda" else np.float32
     return QMatrix(kind, rows, cols,
-                   lanes=to(lanes.transpose(1, 2, 0).astype(np.float32)),
+                   lanes=to(lanes.transpose(1, 2, 0).astype(lane_type)),
                    d=to(pad_blocks(d)), m=None if m is None else to(pad_blocks(m)),
                    ints=ints if rows_kept else None, scales=d if rows_kept else None,
                    mins=m if rows_kept else None)
@@ -293,10 +304,11 @@ def quantize(x: torch.Tensor) -> Activations:
     nb = cols // QK
     blocks = x.reshape(n, nb, QK)
     amax = blocks.abs().amax(-1)
-    # torch's `scalar / tensor` multiplies by the reciprocal (two roundings): divide tensors
+    # torch's `scalar / tensor` (and on CUDA `tensor / scalar`) multiplies by a rounded
+    # reciprocal: two roundings where the kernels divide once; divide tensors
     inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     q = torch.round(blocks * inverse[..., None])  # round half to even, as _mm256_round_ps
-    d = amax / 127.0
+    d = amax.div(torch.full_like(amax, 127.0))  # tensor / scalar multiplies on CUDA
     s = d * q.sum(-1)  # the sum is an exact integer
     pad = -nb % GROUP
     order = torch.as_tensor(LANE_ORDER, device=x.device)
@@ -323,7 +335,7 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
                  ) -> torch.Tensor:
     n_lanes = w.lanes.shape[0]
     # [lanes, t, rows]: each lane's integer sum, exact in float32
-    isum = torch.bmm(lanes.transpose(0, 1), w.lanes)
+    isum = torch.bmm(lanes.transpose(0, 1).to(w.lanes.dtype), w.lanes).float()
     scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd, float32
     # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
     # accumulator a float32 value carried in float64
@@ -349,7 +361,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     ss = dot_f32(x, x)
     # torch.sqrt of float32 is not always correctly rounded on the CPU (sqrtss is); float64's
     # square root rounded to float32 is (53 >= 2 * 24 + 2 bits)
-    root = torch.sqrt((ss / float(d) + np.float32(eps)).double()).float()
+    mean = ss.div(torch.full_like(ss, float(d)))  # tensor / scalar multiplies on CUDA
+    root = torch.sqrt((mean + np.float32(eps)).double()).float()
     scale = torch.ones_like(ss).div(root)
     return (x * scale[:, None]) * weight
 
