@@ -69,6 +69,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--decoder-threads", type=int, default=1)
     parser.add_argument("--prefill-args", default="")
+    parser.add_argument("--no-prefill-alone", action="store_true",
+                        help="skip timing the prefill engine alone (its first token)")
     parser.add_argument("--decoder-args", default="",
                         help="more CPU engine arguments (e.g. --kernels avx512vnni)")
     args = parser.parse_args()
@@ -113,8 +115,9 @@ def main() -> int:
             for content in prompts(args.prompts):
                 seconds, alone = stream_chat(decoder, content, args.tokens)
                 ttft["cpu engine alone"].append(seconds)
-                seconds, _ = stream_chat(prefill, content, 1)  # its time to a first token
-                ttft["prefill engine alone"].append(seconds)
+                if not args.no_prefill_alone:
+                    seconds, _ = stream_chat(prefill, content, 1)  # its time to a first token
+                    ttft["prefill engine alone"].append(seconds)
                 seconds, split = stream_chat(router, content, args.tokens)
                 ttft["split"].append(seconds)
                 agree += split == alone
@@ -133,6 +136,8 @@ def main() -> int:
     print("router hand-offs: " + "; ".join(handoffs))
     print("\n| path | TTFT p50 (ms) |\n|---|---|")
     for path, values in ttft.items():
+        if not values:
+            continue
         print(f"| {path} | {statistics.median(values) * 1e3:.1f} |")
     return 0
 

@@ -130,11 +130,15 @@ def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     then the remainder added in order."""
     n = x.shape[-1]
     full = n // 8 * 8
-    shape = torch.broadcast_shapes(w.shape[:-1], x.shape[:-1])
-    acc = torch.zeros(*shape, 8, dtype=torch.float32, device=x.device)
-    for j in range(0, full, 8):
-        acc = fma32(w[..., j:j + 8], x[..., j:j + 8], acc)
-    total = hsum8(acc)
+    if full:
+        products = w[..., :full].double() * x[..., :full].double()
+        acc = products[..., 0:8].float().double()
+        for j in range(8, full, 8):
+            acc = add_rounded(products[..., j:j + 8], acc)
+        total = hsum8(acc.float())
+    else:
+        total = torch.zeros(torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]),
+                            device=x.device)
     for j in range(full, n):
         total = total + w[..., j] * x[..., j]
     return total
@@ -340,14 +344,14 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
     # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
     # accumulator a float32 value carried in float64
     products = scaled.double() * w.d.double().repeat_interleave(4, 0)[:, None, :]
-    acc = torch.zeros(16, lanes.shape[0], w.rows, dtype=torch.float64, device=lanes.device)
-    for g in range(0, n_lanes, 16):
+    acc = products[0:16].float().double()  # fma(p, 0): the exact product rounded once
+    for g in range(16, n_lanes, 16):
         acc = add_rounded(products[g:g + 16], acc)
     out = reduce16(acc.float())
     if w.m is not None:  # q4_1: fma(m, d * sum, mins) per block of the group, then hadd
         products = w.m.double()[:, None, :] * s.T.double()[:, :, None]
-        mins = torch.zeros(4, lanes.shape[0], w.rows, dtype=torch.float64, device=lanes.device)
-        for b in range(0, w.m.shape[0], GROUP):
+        mins = products[0:GROUP].float().double()
+        for b in range(GROUP, w.m.shape[0], GROUP):
             mins = add_rounded(products[b:b + GROUP], mins)
         mins = mins.float()
         out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
