@@ -40,7 +40,8 @@ def main() -> int:
     exact = ExactModel(reader, config, device)
     rng = np.random.default_rng(0)
     kvd = config.n_head_kv * config.head_dim
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'host'}); "
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "host"
+    print(f"device {device} ({name}); "
           f"CPU engine avx512vnni on {len(cpus)} thread(s); {config.name}; {args.prompts} random "
           f"prompts per length\n")
     print("| prompt tokens | K/V values bit-identical | logits bit-identical | CPU engine "

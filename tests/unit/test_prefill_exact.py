@@ -20,7 +20,7 @@ from heteroserve_engines.cpu_engine.gguf_file import F16, F32, Q4_0, Q4_1, Q8_0,
 from heteroserve_engines.cpu_engine.gguf_model import load_model, open_gguf, read_config
 from heteroserve_engines.prefill import exact
 from heteroserve_engines.prefill.model import Chunk, LlamaModel
-from tests.unit.test_prefill_model import cpu_forward, write_qwen2
+from tests.unit.test_prefill_model import write_qwen2
 
 pytestmark = pytest.mark.skipif("avx512vnni" not in hc.available_variants().split(","),
                                 reason="the CPU engine's avx512vnni kernels do not run here")
@@ -41,7 +41,7 @@ def test_fma_rounds_once_like_fmaf():
     cancelling = (-(a.astype(np.float64) * b) * (1 + rng.standard_normal(20000) * 1e-7))
     for c in (rng.standard_normal(20000).astype(np.float32), cancelling.astype(np.float32)):
         ours = exact.fma32(torch.from_numpy(a), torch.from_numpy(b), torch.from_numpy(c))
-        theirs = [_libm.fmaf(float(x), float(y), float(z)) for x, y, z in zip(a, b, c)]
+        theirs = [_libm.fmaf(float(x), float(y), float(z)) for x, y, z in zip(a, b, c, strict=True)]
         assert np.array_equal(ours.numpy(), np.asarray(theirs, np.float32))
     # a * b + c lands exactly on a float32 midpoint in float64 although the exact sum is
     # below it: rounding the float64 sum again (ties to even) would give 2^22 + 1
