@@ -73,8 +73,31 @@ def libm(name: str, *args: float) -> float:
 # -- fused multiply-add, reductions ----------------------------------------------------------
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """float32 fma(a, b, c) = round(a * b + c), one rounding (a, b, c float32)."""
+    """float32 fma(a, b, c) = round(a * b + c), one rounding (a, b, c float32): the device's own
+    fused multiply-add where torch can reach it (CUDA's __fmaf_rn through a jiterator kernel),
+    else emulated in float64."""
+    native = _native_fma(a.device)
+    if native is not None:
+        return native(a, b, c)
     return add_rounded(a.double() * b.double(), c.double()).float()
+
+
+_native_fmas: dict[str, object] = {}
+
+
+def _native_fma(device: torch.device):
+    """An elementwise float32 fma on `device` that rounds once (CUDA: __fmaf_rn, which the
+    compiler never splits or merges), or None where there is none to call."""
+    if device.type != "cuda":
+        return None
+    if "cuda" not in _native_fmas:
+        try:
+            from torch.cuda import jiterator
+            _native_fmas["cuda"] = jiterator._create_jit_fn(
+                "template <typename T> T exact_fma(T a, T b, T c) { return __fmaf_rn(a, b, c); }")
+        except (ImportError, AttributeError, RuntimeError):
+            _native_fmas["cuda"] = None
+    return _native_fmas["cuda"]
 
 
 _MIDPOINT_MASK, _MIDPOINT = (1 << 29) - 1, 1 << 28  # the 29 bits float64 has beyond float32
@@ -130,7 +153,13 @@ def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     then the remainder added in order."""
     n = x.shape[-1]
     full = n // 8 * 8
-    if full:
+    if full and _native_fma(x.device) is not None:
+        acc = torch.zeros(torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]) + (8,),
+                          device=x.device)
+        for j in range(0, full, 8):
+            acc = fma32(w[..., j:j + 8], x[..., j:j + 8], acc)
+        total = hsum8(acc)
+    elif full:
         products = w[..., :full].double() * x[..., :full].double()
         acc = products[..., 0:8].float().double()
         for j in range(8, full, 8):
@@ -341,6 +370,8 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
     # [lanes, t, rows]: each lane's integer sum, exact in float32
     isum = torch.bmm(lanes.transpose(0, 1).to(w.lanes.dtype), w.lanes).float()
     scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd, float32
+    if _native_fma(lanes.device) is not None:
+        return _accumulate_native(w, scaled, s)
     # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
     # accumulator a float32 value carried in float64
     products = scaled.double() * w.d.double().repeat_interleave(4, 0)[:, None, :]
@@ -354,6 +385,22 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
         for b in range(GROUP, w.m.shape[0], GROUP):
             mins = add_rounded(products[b:b + GROUP], mins)
         mins = mins.float()
+        out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
+    return out
+
+
+def _accumulate_native(w: QMatrix, scaled: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """_matmul_rows's float part with the device's own fused multiply-add."""
+    dw = w.d.repeat_interleave(4, 0)[:, None, :]
+    acc = torch.zeros(16, scaled.shape[1], w.rows, device=scaled.device)
+    for g in range(0, scaled.shape[0], 16):
+        acc = fma32(scaled[g:g + 16], dw[g:g + 16], acc)
+    out = reduce16(acc)
+    if w.m is not None:
+        sums = s.T[:, :, None]
+        mins = torch.zeros(4, scaled.shape[1], w.rows, device=scaled.device)
+        for b in range(0, w.m.shape[0], GROUP):
+            mins = fma32(w.m[b:b + GROUP, None, :], sums[b:b + GROUP], mins)
         out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
     return out
 
@@ -427,8 +474,9 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
         m = torch.full((n, heads), float("-inf"), device=dev)
         l_sum = torch.zeros(n, heads, device=dev)
         acc = torch.zeros(n, heads, hd, device=dev)
-        for p0 in range(0, int(count.max()), INNER_SPAN):
-            width = min(INNER_SPAN, int(count.max()) - p0)
+        longest = min(ATTN_SPAN, max(positions) + 1 - o0)  # of this span, over the queries
+        for p0 in range(0, longest, INNER_SPAN):
+            width = min(INNER_SPAN, longest - p0)
             span = slice(o0 + p0, o0 + p0 + width)
             valid = torch.arange(width, device=dev)[None, :] < (count - p0)[:, None]  # [n, w]
             active = valid[:, 0]
