@@ -102,18 +102,20 @@ def test_products_equal_the_kernels(kind, cols):
     assert np.array_equal(ours.numpy(), theirs)
 
 
-def assert_forward_equals_the_cpu_engines(path, ids: list[int], split: int) -> None:
+def assert_forward_equals_the_cpu_engines(path, ids: list[int], split: int,
+                                          quantization: str | None = None) -> None:
     """ids[:split] in one step, the rest in a second step over the first's K/V: every K/V row
     and both steps' logits equal the CPU engine's (avx512vnni), through the prefill engine's
     model and pool."""
-    cpu, config, _ = load_model(path, hc.Pool([], 2), kernels="avx512vnni")
+    cpu, config, _ = load_model(path, hc.Pool([], 2), kernels="avx512vnni",
+                                quantization=quantization)
     cpu.alloc_kv(64, 16)
     tables = np.arange(0, 64, dtype=np.int32)[None, :]
     steps = [(0, split), (split, len(ids))]
     theirs = [cpu.forward(np.asarray(ids[a:b], np.int32), np.arange(a, b, dtype=np.int32),
                           np.zeros(b - a, np.int32), tables, np.asarray([b - a - 1], np.int32))[0]
               for a, b in steps]
-    model, _ = LlamaModel.from_gguf(path, CPU, torch.float32, "avx512vnni")
+    model, _ = LlamaModel.from_gguf(path, CPU, torch.float32, "avx512vnni", quantization)
     pool = model.new_pool(1024)
     pool.allocate(3)  # the sequence's blocks do not start at slot 0
     blocks = pool.allocate(pool.blocks_for(len(ids)))
@@ -129,6 +131,15 @@ def test_smollm2_kv_and_logits_equal_the_cpu_engines():
     rng = np.random.default_rng(5)
     ids = [1] + [int(t) for t in rng.integers(100, 40000, 79)]  # two 64-position spans
     assert_forward_equals_the_cpu_engines(default_model(), ids, 50)
+
+
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_0"])
+def test_requantized_decoders(quantization):
+    """Decode engines started with --quantization requantize the q4_1 matrices at load; the
+    exact model given the same setting computes with the same weights."""
+    rng = np.random.default_rng(7)
+    ids = [1] + [int(t) for t in rng.integers(100, 40000, 11)]
+    assert_forward_equals_the_cpu_engines(default_model(), ids, 8, quantization)
 
 
 def test_synthetic_qwen2_past_a_256_position_span(tmp_path):
@@ -149,6 +160,8 @@ def test_smollm2_embeddings_are_q8_0_and_the_matrices_q4_1():
 def test_exact_numerics_keep_float16_kv():
     with pytest.raises(ValueError, match="float32 or float16"):
         LlamaModel.from_gguf(default_model(), CPU, torch.bfloat16, "avx512vnni")
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        LlamaModel.from_gguf(default_model(), CPU, torch.float32, "avx512vnni", "q5_k")
     with pytest.raises(ValueError, match="exact CPU-engine numerics"):
         exact.ExactModel(open_gguf(default_model()), read_config(open_gguf(default_model())),
                          CPU, "amx")

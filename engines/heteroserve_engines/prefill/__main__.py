@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the CPU engine's avx512vnni kernels bit for bit (K/V and logits equal "
                         "its own; slow; decode engines on --kernels avx512vnni). "
                         "prefill/model.py and exact.py say what each changes")
+    parser.add_argument("--decode-quantization", choices=["q8_0", "q4_0", "none"],
+                        default="none",
+                        help="with --activation-quantization avx512vnni: the decode engines' "
+                        "--quantization, which requantizes the matrices at their load (the exact "
+                        "numerics must compute with the same weights)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="devices per replica; only 1 is supported yet")
     parser.add_argument("--max-model-len", type=int, default=None,
@@ -119,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     path = args.model or default_model()
     started = time.monotonic()
     try:
-        model, reader = LlamaModel.from_gguf(path, device, dtype, args.activation_quantization)
+        if args.decode_quantization != "none" and args.activation_quantization != "avx512vnni":
+            raise ValueError("--decode-quantization is for --activation-quantization avx512vnni")
+        model, reader = LlamaModel.from_gguf(
+            path, device, dtype, args.activation_quantization,
+            None if args.decode_quantization == "none" else args.decode_quantization)
         tokenizer = GGUFTokenizer.from_gguf(reader)
     except (ModelFileError, ValueError) as error:
         print(f"error: cannot load the model: {error}", file=sys.stderr)

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from ..cpu_engine.gguf_file import F16, F32, Q4_0, Q4_1, Q8_0, GGUFFile, TensorInfo
-from ..cpu_engine.gguf_model import ModelConfig, ModelFileError, _converted
+from ..cpu_engine.gguf_model import TARGETS, ModelConfig, ModelFileError, _converted
 
 VARIANTS = ("avx512vnni",)
 QK = 32
@@ -154,7 +154,7 @@ def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     full = n // 8 * 8
     if full and _native_fma(x.device) is not None:
-        acc = torch.zeros(torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]) + (8,),
+        acc = torch.zeros((*torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]), 8),
                           device=x.device)
         for j in range(0, full, 8):
             acc = fma32(w[..., j:j + 8], x[..., j:j + 8], acc)
@@ -272,14 +272,15 @@ def _blocks(raw: np.ndarray, kind: int, rows: int, cols: int):
 
 
 def load_matrix(mapped: np.ndarray, tensor: TensorInfo, device: torch.device,
-                rows_kept: bool = False) -> QMatrix:
+                rows_kept: bool = False, target: int | None = None) -> QMatrix:
     """One weight matrix as the CPU engine computes with it: q4_0, q4_1, q8_0, f16 and f32 as
-    they are, any other type requantized to q8_0 through the same function its loader uses."""
+    they are, any other type requantized to q8_0 through the same function its loader uses;
+    with `target` (its `--quantization`) every matrix of another type requantized to it."""
     cols, rows = int(tensor.shape[0]), int(tensor.shape[1]) if len(tensor.shape) == 2 else 1
     raw = mapped[tensor.data_offset:tensor.data_offset + tensor.n_bytes]
     kind = tensor.tensor_type
-    if kind not in (F32, F16, Q4_0, Q4_1, Q8_0):
-        kind, blob = _converted(memoryview(np.ascontiguousarray(raw)), kind, rows, cols, None,
+    if kind not in (F32, F16, Q4_0, Q4_1, Q8_0) or (target is not None and kind != target):
+        kind, blob = _converted(memoryview(np.ascontiguousarray(raw)), kind, rows, cols, target,
                                 True)
         raw = np.asarray(blob, dtype=np.uint8)
     if kind in (F32, F16):
@@ -548,9 +549,15 @@ class ExactModel:
     """The CPU engine's forward pass (avx512vnni), one sequence at a time."""
 
     def __init__(self, reader: GGUFFile, config: ModelConfig, device: torch.device,
-                 variant: str = "avx512vnni"):
+                 variant: str = "avx512vnni", quantization: str | None = None):
+        """`quantization`: the decode engines' `--quantization` (q8_0, q4_0), which requantizes
+        every matrix but the embedding table at their load: the same here."""
         if variant not in VARIANTS:
             raise ValueError(f"exact CPU-engine numerics exist for {VARIANTS}, not {variant!r}")
+        if quantization is not None and quantization not in TARGETS:
+            raise ValueError(f"quantization must be one of {sorted(TARGETS)}, not "
+                             f"{quantization!r}")
+        target = TARGETS.get(quantization or "")
         if device.type == "cuda":  # float32 products of integers must stay float32 (no TF32)
             torch.backends.cuda.matmul.allow_tf32 = False
         self.config, self.device, self.variant = config, device, variant
@@ -572,7 +579,8 @@ class ExactModel:
             return torch.from_numpy(np.frombuffer(raw.tobytes(), "<f4").copy()).to(device)
 
         def matrix(name: str, rows_kept: bool = False) -> QMatrix:
-            return load_matrix(mapped, tensor(name), device, rows_kept)
+            return load_matrix(mapped, tensor(name), device, rows_kept,
+                               None if name == "token_embd.weight" else target)
 
         self.layers = []
         for i in range(config.n_layer):

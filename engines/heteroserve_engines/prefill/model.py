@@ -99,7 +99,8 @@ class LlamaModel:
 
     @classmethod
     def from_gguf(cls, path: str | Path, device: torch.device, dtype: torch.dtype,
-                  activation_quantization: str = "none") -> tuple[LlamaModel, GGUFFile]:
+                  activation_quantization: str = "none", decode_quantization: str | None = None
+                  ) -> tuple[LlamaModel, GGUFFile]:
         if activation_quantization not in ACTIVATION_QUANTIZATIONS:
             raise ValueError(f"activation_quantization must be one of "
                              f"{ACTIVATION_QUANTIZATIONS}, not {activation_quantization!r}")
@@ -110,7 +111,8 @@ class LlamaModel:
                 raise ValueError(f"--activation-quantization {activation_quantization} keeps "
                                  f"the CPU engine's float16 K/V: the dtype must be float32 or "
                                  f"float16, not {str(dtype).removeprefix('torch.')}")
-            exact = exact_numerics.ExactModel(reader, config, device, activation_quantization)
+            exact = exact_numerics.ExactModel(reader, config, device, activation_quantization,
+                                              decode_quantization)
             return cls(config, None, device, dtype, activation_quantization, exact), reader
         weights = load_weights(reader, config, device, dtype,
                                cpu_engine_weights=activation_quantization == "q8")
