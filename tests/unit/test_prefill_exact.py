@@ -162,6 +162,9 @@ def test_exact_numerics_keep_float16_kv():
         LlamaModel.from_gguf(default_model(), CPU, torch.bfloat16, "avx512vnni")
     with pytest.raises(ValueError, match="quantization must be one of"):
         LlamaModel.from_gguf(default_model(), CPU, torch.float32, "avx512vnni", "q5_k")
-    with pytest.raises(ValueError, match="exact CPU-engine numerics"):
+    with pytest.raises(ValueError, match="run on the cpu and cuda devices"):
+        exact.ExactModel(open_gguf(default_model()), read_config(open_gguf(default_model())),
+                         torch.device("meta"))
+    with pytest.raises(ValueError, match="exact CPU-engine numerics exist"):
         exact.ExactModel(open_gguf(default_model()), read_config(open_gguf(default_model())),
                          CPU, "amx")

@@ -557,6 +557,10 @@ class ExactModel:
         if quantization is not None and quantization not in TARGETS:
             raise ValueError(f"quantization must be one of {sorted(TARGETS)}, not "
                              f"{quantization!r}")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"exact CPU-engine numerics run on the cpu and cuda devices (they "
+                             f"need float64 tensors and, for speed, CUDA's fused multiply-add), "
+                             f"not {device.type}")
         target = TARGETS.get(quantization or "")
         if device.type == "cuda":  # float32 products of integers must stay float32 (no TF32)
             torch.backends.cuda.matmul.allow_tf32 = False
