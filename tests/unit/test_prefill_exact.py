@@ -88,18 +88,51 @@ def raw_tensor(kind: int, rows: int, cols: int, rng) -> tuple[np.ndarray, Tensor
     return raw, info
 
 
+def bits(a: np.ndarray) -> np.ndarray:
+    """float32 values as their bits: -0.0 and +0.0 differ."""
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
 @pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, F16, F32])
 @pytest.mark.parametrize("cols", [32 * 5, 32 * 8])  # a partial group of four blocks, whole ones
 def test_products_equal_the_kernels(kind, cols):
     rng = np.random.default_rng(kind + cols)
     raw, info = raw_tensor(kind, 37, cols, rng)
     w = exact.load_matrix(raw, info, CPU)
-    x = (rng.standard_normal((6, cols)) * np.array([[1], [1e-3], [30], [0], [1], [1]])
+    x = (rng.standard_normal((7, cols)) * np.array([[1], [1e-3], [30], [0], [1], [1], [1]])
          ).astype(np.float32)
     x[5, :32] = 0.0  # an all-zero block: scale 0
+    x[6, 32:64] = rng.standard_normal(32).astype(np.float32) * 1e-38  # 127 / max overflows
     theirs = hc.matmul(hc.Pool([], 1), kind, 37, cols, raw, x.reshape(-1), kernels="avx512vnni")
     ours = exact.matmul(w, exact.quantize(torch.from_numpy(x)))
-    assert np.array_equal(ours.numpy(), theirs)
+    assert np.array_equal(bits(ours.numpy()), bits(theirs))  # row 3: +0, never -0
+
+
+def test_a_zero_row_against_negative_scales_is_plus_zero():
+    """q4_0's scale is max / -8: all negative for weights whose largest entries are positive.
+    A zero activation row's products are then -0; the kernels' FMA into +0 makes them +0."""
+    rng = np.random.default_rng(12)
+    dense = np.abs(rng.standard_normal((8, 256))).astype(np.float32)
+    raw = np.ascontiguousarray(quants.quantize(dense, GGMLQuantizationType.Q4_0)).view(
+        np.uint8).reshape(-1)
+    w = exact.load_matrix(raw, TensorInfo("w", (256, 8), Q4_0, 0, raw.size), CPU)
+    assert bool((w.d[:8] < 0).all())
+    x = np.zeros((2, 256), np.float32)
+    theirs = hc.matmul(hc.Pool([], 1), Q4_0, 8, 256, raw, x.reshape(-1), kernels="avx512vnni")
+    ours = exact.matmul(w, exact.quantize(torch.from_numpy(x)))
+    assert np.array_equal(bits(ours.numpy()), bits(theirs))
+    assert not np.signbit(theirs).any()
+
+
+@pytest.mark.parametrize("kind", [F16, F32])
+def test_float_weights_with_a_remainder_past_the_lanes(kind):
+    """dot_f16 / dot_f32 over 8-wide lanes, the last cols % 8 fused one by one."""
+    rng = np.random.default_rng(11)
+    raw, info = raw_tensor(kind, 9, 45, rng)
+    x = rng.standard_normal((3, 45)).astype(np.float32)
+    theirs = hc.matmul(hc.Pool([], 1), kind, 9, 45, raw, x.reshape(-1), kernels="avx512vnni")
+    ours = exact.matmul(exact.load_matrix(raw, info, CPU), exact.quantize(torch.from_numpy(x)))
+    assert np.array_equal(bits(ours.numpy()), bits(theirs))
 
 
 def assert_forward_equals_the_cpu_engines(path, ids: list[int], split: int,

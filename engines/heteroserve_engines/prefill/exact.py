@@ -78,7 +78,10 @@ def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     else emulated in float64."""
     native = _native_fma(a.device)
     if native is not None:
-        return native(a, b, c)
+        try:
+            return native(a, b, c)
+        except RuntimeError:  # NVRTC compiles at the first call: without it, emulate
+            _native_fmas[a.device.type] = None
     return add_rounded(a.double() * b.double(), c.double()).float()
 
 
@@ -149,8 +152,8 @@ def reduce16(a: torch.Tensor) -> torch.Tensor:
 
 
 def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x86_common.h dot_f32 of the last dimension: 8 FMA lanes over 8-element steps, hsum_ps,
-    then the remainder added in order."""
+    """x86_common.h dot_f32 (and dots_f16, the same arithmetic) of the last dimension: 8 FMA
+    lanes over 8-element steps from +0, hsum_ps, then the remainder fused in order."""
     n = x.shape[-1]
     full = n // 8 * 8
     if full and _native_fma(x.device) is not None:
@@ -161,15 +164,15 @@ def dot_f32(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         total = hsum8(acc)
     elif full:
         products = w[..., :full].double() * x[..., :full].double()
-        acc = products[..., 0:8].float().double()
+        acc = (products[..., 0:8] + 0.0).float().double()  # fma(a, b, +0): -0 becomes +0
         for j in range(8, full, 8):
             acc = add_rounded(products[..., j:j + 8], acc)
         total = hsum8(acc.float())
     else:
         total = torch.zeros(torch.broadcast_shapes(w.shape[:-1], x.shape[:-1]),
                             device=x.device)
-    for j in range(full, n):
-        total = total + w[..., j] * x[..., j]
+    for j in range(full, n):  # `sum += w[j] * x[j]`, contracted to an FMA by GCC (gnu11)
+        total = fma32(w[..., j].expand_as(total), x[..., j].expand_as(total), total)
     return total
 
 
@@ -197,27 +200,51 @@ _EXP2_TABLE = _exp2_table()
 _tables: dict[torch.device, torch.Tensor] = {}
 
 
+def _two_product(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, e): p = a * b rounded, p + e == a * b exactly (float64; Veltkamp's split)."""
+    p = a * b
+    ca, cb = 134217729.0 * a, 134217729.0 * b  # 2^27 + 1
+    ah, bh = ca - (ca - a), cb - (cb - b)
+    al, bl = a - ah, b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+def _fma64(a, b, c: torch.Tensor) -> torch.Tensor:
+    """float64 fma(a, b, c), the exact product's pieces summed: correctly rounded except in
+    double-rounding cases some 2^-50 rare, far below what moves a float32 result."""
+    if not isinstance(a, torch.Tensor):
+        a = torch.full_like(b, a)
+    p, e = _two_product(a, b)
+    s = p + c
+    v = s - c
+    t = (p - v) + (c - (s - v))  # s + t == p + c exactly
+    return s + (t + e)
+
+
 def expf(x: torch.Tensor) -> torch.Tensor:
-    """glibc's expf (sysdeps/ieee754/flt-32/e_expf.c) on a float32 tensor, in float64 as glibc
-    computes it: x * 32/ln2 = k + r, 2^(k/32) from the table, a cubic in r. glibc's FMA build
-    fuses three of the polynomial's steps; that changes the float64 value by an ulp, which moves
-    the float32 result only when it sits within 2^-29 of a rounding midpoint."""
+    """glibc's expf (sysdeps/ieee754/flt-32/e_expf.c) on a float32 tensor, in float64, as its
+    FMA build (the ifunc every AVX2 host takes) computes it: kd = fma(32/ln2, x, SHIFT) - SHIFT
+    (the nearest integer to the exact product), r = fma(32/ln2, x, -kd), 2^(kd/32) from the
+    table, a cubic in r with three fused steps."""
     table = _tables.get(x.device)
     if table is None:
         table = _tables[x.device] = torch.tensor(_EXP2_TABLE, dtype=torch.float64,
                                                  device=x.device)
     xd = x.double()
-    z = _INVLN2N * xd
-    kd = (z + _SHIFT) - _SHIFT  # round to nearest, ties to even, as glibc's shift does
+    p, e = _two_product(torch.full_like(xd, _INVLN2N), xd)
+    kd = torch.round(p)  # ties to even; p + e is a tie only where p is one and e is 0
+    tie = (p - torch.floor(p)) == 0.5
+    kd = torch.where(tie & (e > 0), torch.floor(p) + 1.0, kd)
+    kd = torch.where(tie & (e < 0), torch.floor(p), kd)
     kd = torch.where(torch.isfinite(kd), kd, torch.zeros_like(kd))
+    r = (p - kd) + e  # p - kd is exact: one rounding, as fmsub's
     k = kd.long()
-    r = z - kd
     # 2^(k >> 5) built from its bits (exact; k >> 5 lies in [-150, 128] here)
     s = table[k & (_EXP2F_N - 1)] * (((k >> 5) + 1023) << 52).view(torch.float64)
-    zz = _C0 * r + _C1
+    zz = _fma64(_C0, r, torch.full_like(r, _C1))
     r2 = r * r
-    y = _C2 * r + 1.0
-    y = zz * r2 + y
+    y = _fma64(_C2, r, torch.ones_like(r))
+    y = _fma64(zz, r2, y)
     out = (y * s).float()
     out = torch.where(x > _OVERFLOW, torch.full_like(out, float("inf")), out)
     out = torch.where(x < _UNDERFLOW, torch.zeros_like(out), out)
@@ -334,16 +361,25 @@ class Activations:
 
 
 def quantize(x: torch.Tensor) -> Activations:
+    """Rows quantized as quantize_act does: whole blocks of 32 (a row of another width feeds
+    only f16/f32 weights, which read `x`)."""
     n, cols = x.shape
     nb = cols // QK
-    blocks = x.reshape(n, nb, QK)
+    blocks = x[:, :nb * QK].reshape(n, nb, QK)
     amax = blocks.abs().amax(-1)
     # torch's `scalar / tensor` (and on CUDA `tensor / scalar`) multiplies by a rounded
     # reciprocal: two roundings where the kernels divide once; divide tensors
     inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     q = torch.round(blocks * inverse[..., None])  # round half to even, as _mm256_round_ps
     d = amax.div(torch.full_like(amax, 127.0))  # tensor / scalar multiplies on CUDA
-    s = d * q.sum(-1)  # the sum is an exact integer
+    qsum = q.sum(-1)  # an exact integer
+    # max below 127 / FLT_MAX: 127/max is +inf, cvtps_epi32 makes every element INT_MIN, the
+    # packs saturate them to -128 and their int32 sum wraps to 0
+    overflow = torch.isinf(inverse)
+    if bool(overflow.any()):
+        q = torch.where(overflow[..., None], torch.full_like(q, -128.0), q)
+        qsum = torch.where(overflow, torch.zeros_like(qsum), qsum)
+    s = d * qsum
     pad = -nb % GROUP
     order = torch.as_tensor(LANE_ORDER, device=x.device)
     lanes = q[..., order].reshape(n, nb * 4, 8)
@@ -357,7 +393,12 @@ def quantize(x: torch.Tensor) -> Activations:
 def matmul(w: QMatrix, a: Activations) -> torch.Tensor:
     """out[t][r] = the avx512vnni tile's result for activation row t and weight row r."""
     if w.dense is not None:  # f16/f32 weights: dot_f16 / dot_f32 of float activations
-        return dot_f32(w.dense[None, :, :], a.x[:, None, :])
+        rows = []  # in pieces: dot_f32 holds [tokens, rows, cols] float64 products
+        for t0 in range(0, a.x.shape[0], 16):
+            x = a.x[t0:t0 + 16, None, :]
+            rows.append(torch.cat([dot_f32(w.dense[None, r0:r0 + 2048, :], x)
+                                   for r0 in range(0, w.rows, 2048)], 1))
+        return torch.cat(rows)
     outs = []
     for t0 in range(0, a.lanes.shape[0], T_CHUNK):
         outs.append(_matmul_rows(w, a.lanes[t0:t0 + T_CHUNK], a.d[t0:t0 + T_CHUNK],
@@ -376,13 +417,13 @@ def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tens
     # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
     # accumulator a float32 value carried in float64
     products = scaled.double() * w.d.double().repeat_interleave(4, 0)[:, None, :]
-    acc = products[0:16].float().double()  # fma(p, 0): the exact product rounded once
+    acc = (products[0:16] + 0.0).float().double()  # fma(p, +0): rounded once, -0 to +0
     for g in range(16, n_lanes, 16):
         acc = add_rounded(products[g:g + 16], acc)
     out = reduce16(acc.float())
     if w.m is not None:  # q4_1: fma(m, d * sum, mins) per block of the group, then hadd
         products = w.m.double()[:, None, :] * s.T.double()[:, :, None]
-        mins = products[0:GROUP].float().double()
+        mins = (products[0:GROUP] + 0.0).float().double()
         for b in range(GROUP, w.m.shape[0], GROUP):
             mins = add_rounded(products[b:b + GROUP], mins)
         mins = mins.float()
@@ -561,6 +602,9 @@ class ExactModel:
             raise ValueError(f"exact CPU-engine numerics run on the cpu and cuda devices (they "
                              f"need float64 tensors and, for speed, CUDA's fused multiply-add), "
                              f"not {device.type}")
+        if config.head_dim % 8:
+            raise ValueError(f"exact CPU-engine numerics need a head_dim that is a multiple of "
+                             f"8 (attend_f16's lanes), not {config.head_dim}")
         target = TARGETS.get(quantization or "")
         if device.type == "cuda":  # float32 products of integers must stay float32 (no TF32)
             torch.backends.cuda.matmul.allow_tf32 = False
