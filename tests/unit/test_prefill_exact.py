@@ -30,11 +30,31 @@ _libm.fmaf.restype = ctypes.c_float
 _libm.fmaf.argtypes = [ctypes.c_float] * 3
 
 
+@pytest.fixture(params=["native", "emulated"])
+def fma(request, monkeypatch):
+    """Both ways to fuse a multiply-add on the CPU: torch.addcmul where it passed exact's check
+    on this machine, and the float64 emulation (what a device without either uses)."""
+    if request.param == "native":
+        if exact._native_fma(CPU) is None:
+            pytest.skip("torch.addcmul does not fuse on this machine")
+    else:
+        monkeypatch.setitem(exact._native_fmas, "cpu", None)
+    return request.param
+
+
+def test_addcmul_is_taken_only_where_it_fuses():
+    def unfused(a, b, c):
+        return c + a * b
+    assert not exact._fuses(unfused)
+    assert exact._fuses(lambda a, b, c: exact.add_rounded(a.double() * b.double(),
+                                                          c.double()).float())
+
+
 def floats(*values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float32)
 
 
-def test_fma_rounds_once_like_fmaf():
+def test_fma_rounds_once_like_fmaf(fma):
     rng = np.random.default_rng(1)
     a = rng.standard_normal(20000).astype(np.float32)
     b = rng.standard_normal(20000).astype(np.float32)
@@ -95,7 +115,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, F16, F32])
 @pytest.mark.parametrize("cols", [32 * 5, 32 * 8])  # a partial group of four blocks, whole ones
-def test_products_equal_the_kernels(kind, cols):
+def test_products_equal_the_kernels(kind, cols, fma):
     rng = np.random.default_rng(kind + cols)
     raw, info = raw_tensor(kind, 37, cols, rng)
     w = exact.load_matrix(raw, info, CPU)
@@ -108,7 +128,7 @@ def test_products_equal_the_kernels(kind, cols):
     assert np.array_equal(bits(ours.numpy()), bits(theirs))  # row 3: +0, never -0
 
 
-def test_a_zero_row_against_negative_scales_is_plus_zero():
+def test_a_zero_row_against_negative_scales_is_plus_zero(fma):
     """q4_0's scale is max / -8: all negative for weights whose largest entries are positive.
     A zero activation row's products are then -0; the kernels' FMA into +0 makes them +0."""
     rng = np.random.default_rng(12)
@@ -125,7 +145,7 @@ def test_a_zero_row_against_negative_scales_is_plus_zero():
 
 
 @pytest.mark.parametrize("kind", [F16, F32])
-def test_float_weights_with_a_remainder_past_the_lanes(kind):
+def test_float_weights_with_a_remainder_past_the_lanes(kind, fma):
     """dot_f16 / dot_f32 over 8-wide lanes, the last cols % 8 fused one by one."""
     rng = np.random.default_rng(11)
     raw, info = raw_tensor(kind, 9, 45, rng)
@@ -175,7 +195,7 @@ def test_requantized_decoders(quantization):
     assert_forward_equals_the_cpu_engines(default_model(), ids, 8, quantization)
 
 
-def test_synthetic_qwen2_past_a_256_position_span(tmp_path):
+def test_synthetic_qwen2_past_a_256_position_span(tmp_path, fma):
     path = write_qwen2(tmp_path / "qwen2.gguf")
     rng = np.random.default_rng(6)
     ids = [int(t) for t in rng.integers(0, 256, 300)]

@@ -60,13 +60,13 @@ T_CHUNK = 256       # activation rows per product pass here (bounds the lane-sum
 # -- libm -----------------------------------------------------------------------------------
 
 _libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _name, _args in (("powf", 2), ("cosf", 1), ("sinf", 1), ("expf", 1)):
+for _name, _args in (("powf", 2), ("cosf", 1), ("sinf", 1), ("expf", 1), ("fmaf", 3)):
     getattr(_libm, _name).restype = ctypes.c_float
     getattr(_libm, _name).argtypes = [ctypes.c_float] * _args
 
 
 def libm(name: str, *args: float) -> float:
-    """glibc's float function `name` (powf, cosf, sinf, expf) on float32 arguments."""
+    """glibc's float function `name` (powf, cosf, sinf, expf, fmaf) on float32 arguments."""
     return float(getattr(_libm, name)(*args))
 
 
@@ -89,18 +89,58 @@ _native_fmas: dict[str, object] = {}
 
 
 def _native_fma(device: torch.device):
-    """An elementwise float32 fma on `device` that rounds once (CUDA: __fmaf_rn, which the
-    compiler never splits or merges), or None where there is none to call."""
-    if device.type != "cuda":
-        return None
-    if "cuda" not in _native_fmas:
-        try:
-            from torch.cuda import jiterator
-            _native_fmas["cuda"] = jiterator._create_jit_fn(
-                "template <typename T> T exact_fma(T a, T b, T c) { return __fmaf_rn(a, b, c); }")
-        except (ImportError, AttributeError, RuntimeError):
-            _native_fmas["cuda"] = None
-    return _native_fmas["cuda"]
+    """An elementwise float32 fma on `device` that rounds once, or None where there is none to
+    call. CUDA: __fmaf_rn in a jiterator kernel (never split or merged by the compiler). CPU:
+    torch.addcmul, which torch's vectorized CPU kernels compute with an FMA where the build
+    fuses `self + t1 * t2` - used only if it passes _fuses's check on this machine."""
+    kind = device.type
+    if kind not in _native_fmas:
+        _native_fmas[kind] = None
+        if kind == "cuda":
+            try:
+                from torch.cuda import jiterator
+                _native_fmas[kind] = jiterator._create_jit_fn(
+                    "template <typename T> T exact_fma(T a, T b, T c) "
+                    "{ return __fmaf_rn(a, b, c); }")
+            except (ImportError, AttributeError, RuntimeError):
+                pass
+        elif kind == "cpu":
+            def addcmul(a, b, c):
+                return torch.addcmul(c, a, b)
+            if _fuses(addcmul):
+                _native_fmas[kind] = addcmul
+    return _native_fmas[kind]
+
+
+def _fuses(candidate) -> bool:
+    """Whether `candidate(a, b, c)` gives glibc's fmaf on cases that tell a fused multiply-add
+    from a rounded product added: sums that cancel the product, and products that make the
+    float64 sum land exactly on a float32 midpoint; contiguous, broadcast, strided and
+    single-element operands (torch's vectorized and scalar loops)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(256).astype(np.float32)
+    b = rng.standard_normal(256).astype(np.float32)
+    c = (-(a.astype(np.float64) * b) * (1 + rng.standard_normal(256) * 1e-7)).astype(np.float32)
+    mid = np.float32(1 + 2**-23), np.float32(0.25 * (1 - 2**-23)), np.float32(2**22 + 0.5)
+    a = np.concatenate([a, [mid[0], -mid[0]]]).astype(np.float32)
+    b = np.concatenate([b, [mid[1], mid[1]]]).astype(np.float32)
+    c = np.concatenate([c, [mid[2], -mid[2]]]).astype(np.float32)
+    want = np.asarray([_libm.fmaf(float(x), float(y), float(z))
+                       for x, y, z in zip(a, b, c, strict=True)], np.float32)
+    ta, tb, tc = (torch.from_numpy(v) for v in (a, b, c))
+    try:
+        checks = [
+            candidate(ta, tb, tc).numpy(),
+            np.concatenate([candidate(ta[i:i + 1], tb[i:i + 1], tc[i:i + 1]).numpy()
+                            for i in range(len(a))]),
+            candidate(ta[:, None].expand(-1, 3), tb[:, None].expand(-1, 3),
+                      tc[:, None].expand(-1, 3))[:, 2].numpy(),
+            candidate(ta[None, :].repeat(2, 1).T, tb[None, :].repeat(2, 1).T,
+                      tc[None, :].repeat(2, 1).T)[:, 1].numpy(),
+        ]
+    except RuntimeError:
+        return False
+    return all(np.array_equal(got.view(np.uint32), want.view(np.uint32)) for got in checks)
 
 
 _MIDPOINT_MASK, _MIDPOINT = (1 << 29) - 1, 1 << 28  # the 29 bits float64 has beyond float32
