@@ -79,11 +79,10 @@ def decoder(tmp_path_factory, token_file):
     stop_engine(engine)
 
 
-@pytest.fixture(scope="module")
-def alone(decoder) -> list[str]:
+def answers_alone(decoder, prompts: list[str]) -> list[str]:
     """The CPU engine alone's answers (the prompt computed there)."""
     answers = []
-    for content in PROMPTS:
+    for content in prompts:
         answer = httpx.post(f"http://127.0.0.1:{decoder.port}/v1/chat/completions",
                             timeout=120, json={
                                 "model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0,
@@ -91,6 +90,11 @@ def alone(decoder) -> list[str]:
         assert answer.status_code == 200, answer.text
         answers.append(answer.json()["choices"][0]["message"]["content"])
     return answers
+
+
+@pytest.fixture(scope="module")
+def alone(decoder) -> list[str]:
+    return answers_alone(decoder, PROMPTS)
 
 
 @pytest.fixture
@@ -148,14 +152,7 @@ def exact_pair(tmp_path_factory, token_file):
 
 def test_split_with_exact_numerics_gives_the_cpu_engine_alones_tokens(tmp_path, exact_pair):
     prefill, decoder = exact_pair
-    alone = []
-    for content in EXACT_PROMPTS:
-        answer = httpx.post(f"http://127.0.0.1:{decoder.port}/v1/chat/completions",
-                            timeout=120, json={
-                                "model": MODEL, "max_tokens": MAX_TOKENS, "temperature": 0,
-                                "messages": [{"role": "user", "content": content}]})
-        assert answer.status_code == 200, answer.text
-        alone.append(answer.json()["choices"][0]["message"]["content"])
+    alone = answers_alone(decoder, EXACT_PROMPTS)
     router = start_router(tmp_path, {
         "model": MODEL, "policy": "split",
         "accelerator": {"urls": [f"http://127.0.0.1:{prefill.port}"], "kvExport": True},
