@@ -574,15 +574,19 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positio
             rescale = torch.where(active[:, None], rescale, torch.ones_like(rescale))
             l_new = l_sum * rescale
             acc_new = acc * rescale[..., None]
-            e = expf(s - mx[..., None])
+            # A position past a query's count weighs +0 for it: adding +0 to the sum, or
+            # fma(+0, v, acc) to the accumulator, leaves them as they are (neither is ever -0:
+            # both start at +0), as the kernel's loop that never reaches the position does.
+            e = torch.where(vmask, expf(s - mx[..., None]), torch.zeros_like(s))
             total = torch.zeros_like(l_sum)
             for p in range(width):
-                total = torch.where(vmask[:, :, p], total + e[:, :, p], total)
+                total = total + e[:, :, p]
             l_new = l_new + total
             vv = v_heads[span]  # [w, heads, hd]
+            finite = bool(torch.isfinite(vv).all())  # else 0 * inf: mask those steps instead
             for p in range(width):  # axpys_f16: acc = fma(w, v, acc)
                 upd = fma32(e[:, :, p, None], vv[None, p], acc_new)
-                acc_new = torch.where(vmask[:, :, p, None], upd, acc_new)
+                acc_new = upd if finite else torch.where(vmask[:, :, p, None], upd, acc_new)
             keep = active[:, None]
             m = torch.where(keep, mx, m)
             l_sum = torch.where(keep, l_new, l_sum)
