@@ -563,6 +563,51 @@ def test_relay_ends_when_the_engine_body_fails_with_a_non_httpx_error() -> None:
     assert len(ended) == 1 and ended[0].outcome == "upstream_error"
 
 
+class Hanging(httpx.AsyncByteStream):
+    """A body whose chunks all arrive but whose end never does (the engine's EOF still on its
+    way when the client leaves)."""
+
+    def __init__(self, *chunks: bytes):
+        self.chunks = chunks
+
+    async def __aiter__(self):
+        for chunk in self.chunks:
+            yield chunk
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.parametrize(("event_stream", "chunks", "read", "outcome"), [
+    (True, (b"data: {}\n\n", SSE_DONE), 2, "success"),  # left after [DONE]
+    (True, (b"data: {}\n\n", SSE_DONE), 1, "client_disconnect"),  # left before it
+    (False, (b'{"a": 1', b"}"), 2, "success"),  # left with the whole Content-Length
+    (False, (b'{"a": 1', b"}"), 1, "client_disconnect"),
+])
+def test_relay_outcome_when_the_client_leaves_before_the_upstream_ends(
+        event_stream, chunks, read, outcome) -> None:
+    """Seen in CI: a streamed chat read to [DONE] by the openai client was counted as a client
+    disconnect, because the client closed before the engine's end of body reached the router."""
+    ended: list[Relay] = []
+
+    async def scenario() -> None:
+        headers = {"content-type": SSE_MEDIA_TYPE} if event_stream else {
+            "content-type": "application/json",
+            "content-length": str(sum(len(c) for c in chunks))}
+        relay = Relay(httpx.Response(200, headers=headers, stream=Hanging(*chunks)),
+                      event_stream=event_stream, on_chunk=lambda _now: None,
+                      on_end=ended.append)
+        body = relay.__aiter__()
+        for _ in range(read):
+            await body.__anext__()
+        task = asyncio.ensure_future(body.__anext__())  # the server asks for more ...
+        await asyncio.sleep(0.05)
+        task.cancel()  # ... and the client leaves
+        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+            await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert len(ended) == 1 and ended[0].outcome == outcome
+
+
 def test_relay_broken_stream_delivers_what_came_before_the_error_event() -> None:
     """Chunks the engine sent before its stream broke are the client's (tokens it generated):
     they must not be dropped because the pump saw the break before the client drained the

@@ -26,7 +26,9 @@ _END = object()
 class Relay:
     """One upstream response relayed to one client. `outcome` ends as "success",
     "upstream_error" (the upstream broke or went silent mid-body), "aborted" (ended by the
-    router) or "client_disconnect"."""
+    router) or "client_disconnect". A client that goes away once it has the whole response
+    (an event stream's `[DONE]`, or a body's Content-Length) before the upstream's end of body
+    reaches the router is a success: it had everything."""
 
     def __init__(self, response: httpx.Response, *, event_stream: bool,
                  on_chunk: Callable[[float], None], on_end: Callable[[Relay], None]):
@@ -37,6 +39,8 @@ class Relay:
         self.error: ApiError | None = None
         self.error_detail = ""
         self._aborted = False
+        self._sent = 0  # bytes the server took from this relay (asked for the next chunk)
+        self._done_sent = False  # an event stream's [DONE] among them
         self._pump: asyncio.Task | None = None
         self.first_received: float | None = None  # when the upstream's first bytes came
 
@@ -67,6 +71,12 @@ class Relay:
         # not on cancellation: abort() has already woken the consumer.
         await self.queue.put(_END)
 
+    def _complete(self) -> bool:
+        if self.event_stream:
+            return self._done_sent
+        length = self.response.headers.get("content-length", "")
+        return length.isdigit() and self._sent >= int(length)
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         self._pump = asyncio.create_task(self._read())
         try:
@@ -82,7 +92,13 @@ class Relay:
                     return
                 self.on_chunk(time.monotonic())
                 yield item
+                # the server asks for more: the chunk went out
+                self._sent += len(item)
+                self._done_sent = self._done_sent or (
+                    self.event_stream and item.rstrip().endswith(SSE_DONE.rstrip()))
         finally:
+            if self.outcome == "client_disconnect" and self._complete():
+                self.outcome = "success"
             # Shielded: a client disconnect arrives as the cancellation of this task's scope
             # (level-triggered in anyio), which would cancel the close itself and leave the
             # upstream connection open, its engine decoding for nobody.
