@@ -82,14 +82,15 @@ def test_sigterm_lets_a_stream_finish_and_refuses_new_requests(tmp_path):
             "stream": True, "stream_options": {"include_usage": True}})
         engine.proc.send_signal(signal.SIGTERM)
         # No longer admitting: refused (503 while the socket is still open, then refused; a
-        # connection accepted as the listener closes is closed unanswered, also a refusal).
+        # connection accepted as the listener closes is closed unanswered or reset - seen in CI
+        # as RemoteProtocolError and as ReadError ECONNRESET - also a refusal).
         try:
             refused = httpx.post(f"{engine.base_url}/completions", timeout=10, json={
                 "model": MODEL, "prompt": "Hi", "max_tokens": 2})
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "shutting_down"
             assert refused.headers["retry-after"]
-        except (httpx.ConnectError, httpx.RemoteProtocolError):
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
             pass
         reader.join(120)
         assert lines[-1] == "data: [DONE]"
