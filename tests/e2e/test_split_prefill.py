@@ -92,6 +92,18 @@ def answers_alone(decoder, prompts: list[str]) -> list[str]:
     return answers
 
 
+def answers_split(client, prompts: list[str]) -> list[str]:
+    """The answers through the router's split (each one served by the CPU tier)."""
+    answers = []
+    for content in prompts:
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": content}],
+            max_tokens=MAX_TOKENS, temperature=0)
+        assert raw.headers["x-heteroserve-tier"] == "cpu"
+        answers.append(raw.parse().choices[0].message.content)
+    return answers
+
+
 @pytest.fixture(scope="module")
 def alone(decoder) -> list[str]:
     return answers_alone(decoder, PROMPTS)
@@ -113,12 +125,7 @@ def test_split_with_the_builtin_prefill_engine_against_the_cpu_engine_alone(
     imported = decoder.metric("heteroserve:kv_imported_tokens_total")
     agree = shared_start = 0
     started = time.monotonic()
-    for content, expected in zip(PROMPTS, alone, strict=True):
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=[{"role": "user", "content": content}],
-            max_tokens=MAX_TOKENS, temperature=0)
-        assert raw.headers["x-heteroserve-tier"] == "cpu"
-        split = raw.parse().choices[0].message.content
+    for split, expected in zip(answers_split(client, PROMPTS), alone, strict=True):
         agree += split == expected
         shared_start += split[:8] == expected[:8]
     rate = agree / len(PROMPTS)
@@ -160,15 +167,9 @@ def test_split_with_exact_numerics_gives_the_cpu_engine_alones_tokens(tmp_path, 
     try:
         client = client_for(router)
         imported = decoder.metric("heteroserve:kv_imported_tokens_total")
-        differing = []
-        for content, expected in zip(EXACT_PROMPTS, alone, strict=True):
-            raw = client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=[{"role": "user", "content": content}],
-                max_tokens=MAX_TOKENS, temperature=0)
-            assert raw.headers["x-heteroserve-tier"] == "cpu"
-            split = raw.parse().choices[0].message.content
-            if split != expected:
-                differing.append((content, expected, split))
+        differing = [(content, expected, split) for content, expected, split in zip(
+            EXACT_PROMPTS, alone, answers_split(client, EXACT_PROMPTS), strict=True)
+            if split != expected]
         handoffs = router.metric("heteroserve_router_kv_handoffs_total", outcome="ok")
     finally:
         stop_router(router)

@@ -400,18 +400,23 @@ class Activations:
     x: torch.Tensor
 
 
-def quantize(x: torch.Tensor) -> Activations:
-    """Rows quantized as quantize_act does: whole blocks of 32 (a row of another width feeds
-    only f16/f32 weights, which read `x`)."""
-    n, cols = x.shape
-    nb = cols // QK
-    blocks = x[:, :nb * QK].reshape(n, nb, QK)
+def q8_blocks(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """quantize_block's arithmetic over the last dimension (32 values): (q, d = max|x| / 127,
+    127 / max|x|), q = round-half-even(x * (127 / max|x|)), all float32; 0 for a zero block."""
     amax = blocks.abs().amax(-1)
     # torch's `scalar / tensor` (and on CUDA `tensor / scalar`) multiplies by a rounded
     # reciprocal: two roundings where the kernels divide once; divide tensors
     inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     q = torch.round(blocks * inverse[..., None])  # round half to even, as _mm256_round_ps
-    d = amax.div(torch.full_like(amax, 127.0))  # tensor / scalar multiplies on CUDA
+    return q, amax.div(torch.full_like(amax, 127.0)), inverse
+
+
+def quantize(x: torch.Tensor) -> Activations:
+    """Rows quantized as quantize_act does: whole blocks of 32 (a row of another width feeds
+    only f16/f32 weights, which read `x`)."""
+    n, cols = x.shape
+    nb = cols // QK
+    q, d, inverse = q8_blocks(x[:, :nb * QK].reshape(n, nb, QK))
     qsum = q.sum(-1)  # an exact integer
     # max below 127 / FLT_MAX: 127/max is +inf, cvtps_epi32 makes every element INT_MIN, the
     # packs saturate them to -128 and their int32 sum wraps to 0

@@ -289,12 +289,8 @@ def quantize_q8(x: torch.Tensor) -> torch.Tensor:
     (0 for an all-zero block), q * d. The same float32 operations as quantize_act_ref, so the
     same q for the same x."""
     shape = x.shape
-    blocks = x.float().reshape(*shape[:-1], shape[-1] // QK, QK)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax),  # not 127.0 / amax:
-                          torch.zeros_like(amax))  # that multiplies by a rounded reciprocal
-    q = torch.round(blocks * inverse)
-    return (q * (amax / 127.0)).reshape(shape)
+    q, d, _ = exact_numerics.q8_blocks(x.float().reshape(*shape[:-1], shape[-1] // QK, QK))
+    return (q * d[..., None]).reshape(shape)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
