@@ -19,6 +19,7 @@ from .kube import KubeApi
 from .peering import Peering, PeeringGate, ensure_peering_objects, random_priority
 from .reconcile import Reconciler
 from .settings import OperatorSettings
+from .watches import start_watches
 from .workqueue import WorkQueue
 
 
@@ -96,7 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         identity=peering.identity if peering else None,
         liveness_endpoint=settings.liveness_endpoint,
         memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings, gate=gate,
-                       resyncs=resyncs, bindings=bindings),
+                       resyncs=resyncs, bindings=bindings,
+                       start_watches=lambda loop: start_watches(
+                           reconciler, queue, bindings, loop, tuple(args.namespace),
+                           settings.watch_timeout_seconds)),
     )
     return 0
 

@@ -1,7 +1,8 @@
 """Learns what each decode engine bound from its /metrics and writes `status.decodeBindings`
 (decode_bindings.py says what the entries mean). Apart from the reconcile, on kopf's event loop.
 
-- Watch-driven: kopf's pod and InferenceDeployment events keep an index of the decode engines
+- Watch-driven: the operator's pod informer (informer.py) and kopf's InferenceDeployment
+  events keep an index of the decode engines
   (pod IP, port, container start, readiness) and of each deployment's live `decodeBindings`.
   An idle cluster sends no events, so the scraper reads nothing and writes nothing.
 - Each engine start is read once, when its container is ready: GET http://<pod IP>:<port>/metrics
@@ -43,6 +44,7 @@ from .decode_bindings import (
     entries,
     retry_delay,
 )
+from .informer import ChildCaches
 from .kube import ApiError, KubeApi
 from .peering import PeeringGate
 from .render.meta import LABEL_OWNER
@@ -103,6 +105,9 @@ class BindingScraper:
         self.attempts: dict[EngineKey, _Attempts] = {}
         self.live: dict[OwnerKey, list[dict[str, Any]] | None] = {}  # seen deployments only
         self.dirty: set[OwnerKey] = set()
+        # The operator's pod informer (watches.py), once it runs: its synced cache answers the
+        # check before a write instead of a LIST.
+        self.caches: ChildCaches | None = None
         self._wake = asyncio.Event()
         self._retry_writes_at = 0.0
 
@@ -260,7 +265,8 @@ class BindingScraper:
         """Writes each dirty deployment whose entries differ from the live ones. Before a write,
         one LIST of its pods (from the apiserver's watch cache) checks the index: the pod and
         InferenceDeployment watches deliver independently (at start-up, a deployment's listing
-        may come before its pods'), and entries written from half an index would be wrong."""
+        may come before its pods'), and entries written from half an index would be wrong. Once
+        the pod informer has listed, its cache is that check."""
         for owner in sorted(self.dirty):
             self.dirty.discard(owner)
             if owner not in self.live:
@@ -269,8 +275,10 @@ class BindingScraper:
                 continue
             namespace, name = owner
             try:
-                pods = await loop.run_in_executor(None, self.kube.pods, namespace,
-                                                  f"{LABEL_OWNER}={name}")
+                pods = self.caches.owned("Pod", namespace, name) if self.caches else None
+                if pods is None:
+                    pods = await loop.run_in_executor(None, self.kube.pods, namespace,
+                                                      f"{LABEL_OWNER}={name}")
                 self._replace_engines(owner, pods)
                 wanted = self._wanted(owner)
                 if wanted == (self.live.get(owner) or []):
@@ -303,11 +311,6 @@ async def stop_binding_scraper(memo: kopf.Memo, **_) -> None:
     task = getattr(memo, "binding_task", None)
     if task:
         task.cancel()
-
-
-@kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT})
-async def decode_pod_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
-    memo.bindings.pod_event(body, event.get("type"))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -1,8 +1,9 @@
 """kopf wiring: every trigger runs the same reconcile.
 
-State-driven, not event-driven: the InferenceDeployment's own watch events, its children's
-events, EndpointSlice changes of its Service, and a periodic resync all call
-`Reconciler.reconcile` through a deduplicating work queue. No kopf progress storage or
+State-driven, not event-driven: the InferenceDeployment's own watch events (kopf's), its
+children's events (the operator's own informers, informer.py), EndpointSlice changes of its
+Service, and a periodic resync all call `Reconciler.reconcile` through a deduplicating work
+queue. No kopf progress storage or
 finalizers are used, so an idle operator writes
 nothing. The Reconciler arrives through kopf's `memo` (built in __main__).
 
@@ -19,10 +20,8 @@ import logging
 import kopf
 
 from .api.models import GROUP, KIND, PLURAL, VERSION
-from .render.meta import LABEL_COMPONENT, LABEL_OWNER, MANAGED_BY
 
 log = logging.getLogger(__name__)
-CHILD_LABELS = {**MANAGED_BY, LABEL_OWNER: kopf.PRESENT}
 
 
 class EventOnlyDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -39,31 +38,10 @@ def only_event_handlers(registry: kopf.OperatorRegistry) -> bool:
     return not (registry._changing.get_all_handlers() or registry._spawning.get_all_handlers())
 
 
-# The watched child resources, filtered by the apiserver (kopf's handler filters alone run on the
-# client: the operator would receive, decode and drop every pod and Deployment of the cluster).
-# A selector applies to every handler of its resource, so it is what all of them need at least.
-CHILD_SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), LABEL_OWNER])
-WATCH_SELECTORS = {
-    # Only the router Service's slices (they carry its labels): RouterReady counts their ready
-    # endpoints; the headless decode Service's slices change as decode pods turn ready, which
-    # the Deployments' own events already report (a tenth of the operator's watch events at
-    # scale, for nothing).
-    ("discovery.k8s.io", "v1", "endpointslices"): f"{CHILD_SELECTOR},{LABEL_COMPONENT}=router",
-    ("networking.k8s.io", "v1", "ingresses"): CHILD_SELECTOR,
-    ("policy", "v1", "poddisruptionbudgets"): CHILD_SELECTOR,
-    ("apps", "v1", "deployments"): CHILD_SELECTOR,
-    ("", "v1", "services"): CHILD_SELECTOR,
-    ("", "v1", "configmaps"): CHILD_SELECTOR,
-    ("", "v1", "pods"): LABEL_OWNER,
-}
-
-
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     if only_event_handlers(kopf.get_default_registry()):
         settings.persistence.diffbase_storage = EventOnlyDiffBase()
-    for resource, selector in WATCH_SELECTORS.items():
-        settings.watching.label_selectors[resource] = selector
     # kopf's per-handler success events would be writes on every reconcile; the reconciler
     # posts Events for condition transitions itself.
     settings.posting.enabled = False
@@ -72,6 +50,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     settings.watching.server_timeout = memo.settings.watch_timeout_seconds
     settings.watching.client_timeout = memo.settings.watch_timeout_seconds + 30
     memo.queue.start()
+    # The children's informers (watches.py, built in __main__); the binding scraper's pod
+    # events come back to this loop.
+    memo.caches = memo.start_watches(asyncio.get_running_loop())
     memo.resync_task = asyncio.create_task(_resync(memo))
 
 
@@ -80,6 +61,9 @@ async def stop_resync(memo: kopf.Memo, **_) -> None:
     task = getattr(memo, "resync_task", None)
     if task:
         task.cancel()
+    caches = getattr(memo, "caches", None)
+    if caches is not None:
+        caches.stop()
     memo.queue.stop()
 
 
@@ -110,7 +94,9 @@ async def _resync(memo: kopf.Memo) -> None:
 async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
                                        **_) -> None:
     namespace, name = body.metadata.namespace, body.metadata.name
-    if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
+    deleted = event.get("type") == "DELETED"
+    memo.reconciler.saw_owner(event.get("object") or dict(body), deleted)
+    if deleted or body.metadata.get("deletionTimestamp"):
         memo.reconciler.forget(KIND, namespace, name)
         return  # owner references let the garbage collector remove the children
     # An echo of this operator's own status write (a reconcile's, or the binding scraper's) needs
@@ -121,31 +107,3 @@ async def inference_deployment_changed(body: kopf.Body, event: dict, memo: kopf.
                 "observedGeneration"):
         return
     memo.queue.add(namespace, name)
-
-
-@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=CHILD_LABELS)
-@kopf.on.event("networking.k8s.io", "v1", "ingresses", labels=CHILD_LABELS)
-@kopf.on.event("policy", "v1", "poddisruptionbudgets", labels=CHILD_LABELS)
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "pods", labels={LABEL_OWNER: kopf.PRESENT})
-async def child_changed(body: kopf.Body, event: dict, memo: kopf.Memo, **_) -> None:
-    # Every child kind is watched, so a child deleted or edited by hand is repaired at once
-    # rather than at the resync. EndpointSlices carry their Service's labels, so a router
-    # endpoint turning ready updates RouterReady without waiting for the resync. Pods of both
-    # tiers: a prefill (or same-node) pod that cannot be scheduled or keeps crashing is in the
-    # status at once too.
-    owner = body.metadata.labels.get(LABEL_OWNER)
-    if not owner:
-        return
-    kind, namespace, name = body.get("kind", ""), body.metadata.namespace, body.metadata.name
-    version = body.metadata.get("resourceVersion")
-    if event.get("type") == "DELETED":
-        memo.reconciler.forget(kind, namespace, name)
-        memo.reconciler.saw(kind, namespace, name, None)
-    else:
-        memo.reconciler.saw(kind, namespace, name, version)
-        if memo.reconciler.is_own_write(kind, namespace, name, version):
-            return
-    memo.queue.add(namespace, owner)

@@ -62,10 +62,10 @@ class KubeApi:
     """A thin, typed-enough client over kubernetes' ApiClient (its auth and TLS)."""
 
     def __init__(self, api_client: k8s.ApiClient, registry: CollectorRegistry | None = None,
-                 connections: int = OperatorSettings.workers + 4):
+                 connections: int = OperatorSettings.workers + 16):
         """`connections`: kept-alive connections to the apiserver, at least one per reconcile
-        worker (the client's default, 5 per CPU, would make workers beyond it open a new TLS
-        connection per request)."""
+        worker and per informer's watch (the client's default, 5 per CPU, would make workers
+        beyond it open a new TLS connection per request)."""
         if (api_client.configuration.connection_pool_maxsize or 0) < connections:
             api_client.configuration.connection_pool_maxsize = connections
             api_client.rest_client = k8s_rest.RESTClientObject(api_client.configuration)
@@ -98,6 +98,40 @@ class KubeApi:
                 message = text
             raise ApiError(response.status, message)
         return json.loads(text) if text else {}
+
+    def _send(self, method: str, path: str, query: list[tuple[str, str]], accept: str,
+              timeout: Any):
+        params = self.api.param_serialize(
+            method=method, resource_path=path, path_params={}, query_params=query,
+            header_params={"Accept": accept}, body=None, post_params=[], files={},
+            auth_settings=["BearerToken"], collection_formats={}, _host=None,
+            _request_auth=None)
+        return self.api.call_api(*params, _request_timeout=timeout)
+
+    def list_raw(self, kind: str, path: str, query: list[tuple[str, str]],
+                 accept: str = "application/json") -> dict[str, Any]:
+        """A LIST with a chosen representation (an informer's metadata-only listing)."""
+        self.reads.labels(kind).inc()
+        response = self._send("GET", path, query, accept, 60)
+        response.read()
+        if response.status >= 400:
+            raise ApiError(response.status, (response.data or b"").decode()[:500])
+        return json.loads(response.data or b"{}")
+
+    def open_stream(self, path: str, query: list[tuple[str, str]], accept: str,
+                    read_timeout: float):
+        """A WATCH request; returns urllib3's response, its body not read (the caller streams
+        it and releases the connection)."""
+        response = self._send("GET", path, query, accept, (10, read_timeout))
+        if response.status >= 400:
+            response.read()
+            text = (response.data or b"").decode()
+            try:
+                message = json.loads(text).get("message", text)
+            except ValueError:
+                message = text
+            raise ApiError(response.status, message)
+        return response.response
 
     def _read(self, kind: str, path: str, query: list[tuple[str, str]] | None = None) -> dict:
         self.reads.labels(kind).inc()

@@ -38,7 +38,8 @@ from pydantic import ValidationError
 
 from .api.models import KIND, InferenceDeploymentSpec
 from .api.quantity import same_quantity
-from .kube import KINDS, SECRET, ApiError, KubeApi
+from .informer import ChildCaches, Store
+from .kube import KINDS, SECRET, ApiError, Kind, KubeApi
 from .numa import NumaPlanError
 from .render import kv_token
 from .render.children import Rendered, possible_children, render
@@ -56,6 +57,8 @@ class Outcome:
     status_written: bool = False
     error: str | None = None
 
+
+SERVICE_NAME = "kubernetes.io/service-name"   # an EndpointSlice's Service
 
 # Child kinds whose watch events the reconciler follows to skip reading them (handlers.py watches
 # every child kind; Deployments are read anyway, for their status).
@@ -145,6 +148,21 @@ class Reconciler:
         # Objects whose next reconcile reads every child (the periodic resync: the safety net
         # does not rely on the watches it backs up).
         self._read_all: set[tuple[str, str]] = set()
+        # The watch-fed caches of the children (informer.py), set once they run; None: every
+        # read goes to the API.
+        self.caches: ChildCaches | None = None
+        # The InferenceDeployments as last seen: kopf's watch events and this operator's own
+        # status writes, whichever is later (a reconcile must not start from a status older
+        # than its own last write: it would repeat that write's transition Events).
+        self.owners = Store()
+
+    def saw_owner(self, body: dict[str, Any], deleted: bool = False) -> None:
+        """A watch event of an InferenceDeployment (kopf's raw object)."""
+        meta = body.get("metadata") or {}
+        if deleted:
+            self.owners.delete(meta.get("namespace", ""), meta.get("name", ""))
+        elif meta.get("name"):
+            self.owners.put(body, only_if_newer=True)
 
     def is_own_write(self, kind: str, namespace: str, name: str, version: str | None) -> bool:
         """True when (kind, namespace, name) at `version` is what this operator last wrote."""
@@ -172,6 +190,8 @@ class Reconciler:
                manifest: dict[str, Any] | None = None) -> None:
         meta = (written or {}).get("metadata") or {}
         if meta.get("resourceVersion") and meta.get("name") and meta.get("namespace"):
+            if kind == KIND and written is not None:
+                self.owners.put(written, only_if_newer=True)
             key = (kind, meta["namespace"], meta["name"])
             self._own_versions[key] = meta["resourceVersion"]
             spec_hash = ((manifest or {}).get("metadata", {}).get("annotations") or {}).get(
@@ -194,15 +214,23 @@ class Reconciler:
                     SPEC_HASH))
 
     def reconcile_by_name(self, namespace: str, name: str) -> Outcome | None:
-        """Serialised per object, on a fresh read: triggers from several watches may carry
-        stale copies, and a stale status would repeat its transition Events."""
+        """Serialised per object, on the latest copy seen (`owners`): triggers from several
+        watches may carry stale copies, and a stale status would repeat its transition
+        Events."""
         with self._locks[(namespace, name)]:
-            body = self.kube.inference_deployment(namespace, name)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                self.forget(KIND, namespace, name)
-                return None
             read_all = (namespace, name) in self._read_all
             self._read_all.discard((namespace, name))
+            # The object as kopf's watch or this operator's last write left it; read afresh
+            # when not seen (yet), and by the periodic resync.
+            body = None if read_all else self.owners.get(namespace, name)
+            if body is None:
+                body = self.kube.inference_deployment(namespace, name)
+                if body is not None:
+                    self.owners.put(body, only_if_newer=True)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                self.forget(KIND, namespace, name)
+                self.owners.delete(namespace, name)
+                return None
             outcome = self._reconcile(body, read_all)
         self.reconciles.labels("error" if outcome.error else "ok").inc()
         return outcome
@@ -249,7 +277,7 @@ class Reconciler:
             # there are no pods or endpoints to list.
             observed = Observed(*(self._by_component(deployments)), 0, (), facts, ())
         else:
-            observed = self._observe(owner, spec, facts, deployments)
+            observed = self._observe(owner, spec, facts, deployments, read_all)
         status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
                                 placement=rendered.placement, observed=observed)
         written = self._write_status(body, previous, status)
@@ -295,6 +323,7 @@ class Reconciler:
             self._wrote(kind_name, current, manifest)
             applied.append(f"{kind_name}/{name}")
             if kind_name == "Deployment":
+                self._offer(kind_name, current)
                 deployments.append(current)
         log.info("%s/%s: first reconcile applied %s", owner.namespace, owner.name, applied)
         return applied, deployments
@@ -328,7 +357,7 @@ class Reconciler:
             manifest = desired.get(key)
             if manifest is not None and not read_all and self._unchanged_since_applied(manifest):
                 continue
-            current = self.kube.get(kind, owner.namespace, name)
+            current = self._live(kind, owner.namespace, name, manifest is not None, read_all)
             if manifest is not None:
                 # A GET's object carries apiVersion/kind; compare the rendered fields only.
                 if current is None or not is_subset(manifest, current):
@@ -338,6 +367,7 @@ class Reconciler:
                         token_ensured = True
                     current = self.kube.apply(manifest)
                     self._wrote(kind_name, current, manifest)
+                    self._offer(kind_name, current)
                     applied.append(f"{kind_name}/{name}")
                 else:
                     self._verified(kind_name, current, manifest)
@@ -354,16 +384,42 @@ class Reconciler:
                      pruned)
         return applied, pruned, deployments
 
+    def _offer(self, kind_name: str, written: dict[str, Any]) -> None:
+        if self.caches is not None:
+            self.caches.offer(kind_name, written)
+
+    def _live(self, kind: Kind, namespace: str, name: str, desired: bool, read_all: bool
+              ) -> dict[str, Any] | None:
+        """A child as it is: from the watch-fed cache where that answers the question (whether
+        it exists; for a desired one, its fields, which only the Deployments' cache holds),
+        else from the API. A child this operator wrote that the cache does not have yet is
+        read (its watch event is on the way; an apply now would be a needless write)."""
+        if not read_all and self.caches is not None:
+            known, cached = self.caches.child(kind.kind, namespace, name)
+            if known:
+                if cached is None and (kind.kind, namespace, name) not in self._own_versions:
+                    return None
+                if cached is not None and (not desired or kind.kind == "Deployment"):
+                    return cached
+        return self.kube.get(kind, namespace, name)
+
     def _observe(self, owner: Owner, spec: InferenceDeploymentSpec, facts: ClusterFacts,
-                 listed: list[dict[str, Any]]) -> Observed:
+                 listed: list[dict[str, Any]], read_all: bool = True) -> Observed:
         prefill, decode = self._by_component(listed)
+        caches = None if read_all else self.caches
+        slices = caches.owned("EndpointSlice", owner.namespace, owner.name) if caches else None
+        if slices is None:
+            slices = self.kube.endpoint_slices(owner.namespace, owner.name)
         ready_endpoints = sum(
-            1 for s in self.kube.endpoint_slices(owner.namespace, owner.name)
+            1 for s in slices
+            if (s["metadata"].get("labels") or {}).get(SERVICE_NAME) == owner.name
             for e in s.get("endpoints", []) or []
             if (e.get("conditions") or {}).get("ready"))
-        # One LIST of both tiers' pods (watch cache): the decode pods' nodes for the NUMA plans,
-        # and every pod's scheduling and container state for why a tier is not ready.
-        pods = tuple(self.kube.pods(
+        # Both tiers' pods (the watch-fed cache, else one LIST from the apiserver's watch
+        # cache): the decode pods' nodes for the NUMA plans, and every pod's scheduling and
+        # container state for why a tier is not ready.
+        cached = caches.owned("Pod", owner.namespace, owner.name) if caches else None
+        pods = tuple(cached if cached is not None else self.kube.pods(
             owner.namespace, f"{LABEL_OWNER}={owner.name},{LABEL_COMPONENT} in (prefill,decode)"))
         decode_pods = tuple(
             (p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods

@@ -22,6 +22,8 @@ from .render.meta import LABEL_COMPONENT
 from .render.placement import DecodePlacement
 
 CONDITION_TYPES = ("Ready", "PrefillReady", "DecodeReady", "RouterReady", "Degraded")
+# The conditions whose transitions are Events (see transitions()).
+EVENT_CONDITIONS = frozenset({"Ready", "Degraded"})
 
 
 @dataclass(frozen=True)
@@ -256,11 +258,17 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
 
 def transitions(previous: dict[str, Any], current: dict[str, Any]
                 ) -> list[tuple[str, str, str]]:
-    """(event type, reason, message) for every condition whose status changed, and a Warning
-    when Degraded stays True for another reason (refused pods, then unschedulable ones)."""
+    """The Events of a status change: Normal when Ready turns True ("Ready") or back
+    ("NotReady"), a Warning when Degraded turns True or stays True for another reason (refused
+    pods, then unschedulable ones). The tiers' conditions (PrefillReady, DecodeReady,
+    RouterReady) are in the status only: an Event for each of their transitions tripled the
+    Events of every rollout (and the writes of the operator at scale) and told a user nothing
+    the Ready event and `kubectl get infd -o yaml` do not."""
     old = {c["type"]: c for c in previous.get("conditions", [])}
     events = []
     for condition in current.get("conditions", []):
+        if condition["type"] not in EVENT_CONDITIONS:
+            continue
         before = old.get(condition["type"])
         if before is not None and before.get("status") == condition["status"]:
             if (condition["type"] == "Degraded" and condition["status"] == "True"

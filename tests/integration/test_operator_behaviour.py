@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -92,10 +93,10 @@ def test_endpoint_slice_watch_sees_the_router_services_slices_only(cluster, oper
     it: exactly the router Service's slices, whose ready endpoints RouterReady counts (the
     controller-manager copies a Service's labels onto its slices); not the headless decode
     Service's."""
-    from heteroserve_operator.handlers import WATCH_SELECTORS
+    from heteroserve_operator.watches import SELECTORS
 
     apply_sample(cluster, namespace)
-    selector = WATCH_SELECTORS[("discovery.k8s.io", "v1", "endpointslices")]
+    selector = SELECTORS["EndpointSlice"]
     every = get_json(cluster, "endpointslices", "-n", namespace)["items"]
     assert {s["metadata"]["labels"]["kubernetes.io/service-name"] for s in every} == {
         NAME, f"{NAME}-decode"}
@@ -184,6 +185,71 @@ def test_hundred_reconciles_of_an_unchanged_spec_make_no_writes(cluster, operato
     assert registry.get_sample_value("heteroserve_operator_reconciles_total",
                                      {"result": "ok"}) == 100
     assert resource_versions(cluster, namespace) == before
+
+
+def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, namespace):
+    """The operator's informers (informer.py, watches.py) against the real apiserver: once
+    they have listed, a reconcile of a settled object reads nothing from the API but the
+    object itself (once; then kopf's events and its own writes keep it) and writes nothing; a
+    child deleted by hand is known absent from its watch and applied again, without a read."""
+    from heteroserve_operator.informer import ChildCaches
+    from heteroserve_operator.watches import CHILD_WATCHES, child_event
+
+    apply_sample(cluster, namespace)
+    wait_for(lambda: resource_versions(cluster, namespace) == resource_versions(
+        cluster, namespace), what="the objects to settle")
+    before = resource_versions(cluster, namespace)
+    registry = CollectorRegistry()
+    kube = KubeApi(cluster.api_client(), registry)
+    reconciler = Reconciler(kube, registry)
+    events: list[tuple[str, str, str]] = []
+    queued: list[tuple[str, str]] = []
+    handle = child_event(reconciler, SimpleNamespace(  # type: ignore[arg-type]
+        add=lambda *key: queued.append(key)))
+
+    def record(kind: str, obj: dict) -> None:
+        handle(kind, obj)
+        events.append((kind, obj["kind"], obj["metadata"]["name"]))
+
+    caches = ChildCaches(kube, CHILD_WATCHES, {s.kind: record for s in CHILD_WATCHES},
+                         (namespace,))
+    caches.start()
+    try:
+        assert caches.wait_synced(30)
+        listed = registry.get_sample_value("heteroserve_operator_api_reads_total",
+                                           {"kind": "Deployment"})
+        assert listed == 1   # the informer's LIST, nothing else yet
+        reconciler.caches = caches
+        for _ in range(100):
+            outcome = reconciler.reconcile_by_name(namespace, NAME)
+            assert outcome.error is None and outcome.applied == () and not outcome.status_written
+        reads = {kind: registry.get_sample_value("heteroserve_operator_api_reads_total",
+                                                 {"kind": kind})
+                 for kind in ("InferenceDeployment", "Deployment", "Pod", "EndpointSlice",
+                              "ConfigMap", "Service", "PodDisruptionBudget", "Ingress")}
+        # One LIST per informer and one GET of the InferenceDeployment. The Services,
+        # ConfigMap and PDB (whose fields the metadata-only caches do not hold) are read by
+        # the first reconcile, found as desired, and not again while their watch sees no
+        # change: LIST + 2 GETs of the two Services, LIST + 1 GET of the others.
+        assert reads["InferenceDeployment"] == 1
+        assert reads["Deployment"] == reads["Pod"] == reads["EndpointSlice"] == 1
+        assert reads["Ingress"] == 1
+        assert reads["Service"] == 3
+        assert reads["ConfigMap"] == reads["PodDisruptionBudget"] == 2
+        assert registry.get_sample_value("heteroserve_operator_api_writes_total") is None
+        assert resource_versions(cluster, namespace) == before
+
+        cluster.kubectl("delete", "configmap", f"{NAME}-router", "-n", namespace)
+        wait_for(lambda: ("DELETED", "ConfigMap", f"{NAME}-router") in events,
+                 what="the informer to see the deletion")
+        configmap_reads = registry.get_sample_value("heteroserve_operator_api_reads_total",
+                                                    {"kind": "ConfigMap"})
+        outcome = reconciler.reconcile_by_name(namespace, NAME)
+        assert outcome.applied == (f"ConfigMap/{NAME}-router",)
+        assert registry.get_sample_value("heteroserve_operator_api_reads_total",
+                                         {"kind": "ConfigMap"}) == configmap_reads
+    finally:
+        caches.stop()
 
 
 def rolled_out(cluster, namespace: str) -> bool:

@@ -1,4 +1,4 @@
-"""The operator's watch wiring (handlers.py): its server-side watch selectors against the labels
+"""The operator's watch wiring (watches.py, handlers.py): its server-side watch selectors against the labels
 the render gives each child (a selector that stopped matching a child would leave its changes
 unseen until the resync), and which InferenceDeployment events queue a reconcile."""
 
@@ -12,28 +12,54 @@ import kopf
 import yaml
 
 from heteroserve_operator.api import InferenceDeploymentSpec
-from heteroserve_operator.handlers import WATCH_SELECTORS, inference_deployment_changed
+from heteroserve_operator.handlers import inference_deployment_changed
 from heteroserve_operator.reconcile import Reconciler, cluster_facts
 from heteroserve_operator.render.children import render
-from heteroserve_operator.render.meta import Owner
+from heteroserve_operator.render.meta import LABEL_COMPONENT, Owner
+from heteroserve_operator.watches import CHILD_WATCHES, SELECTORS
 from tests.cluster.catalogue import load_catalogue
 
 SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
 FACTS = cluster_facts([n.node_manifest() for n in load_catalogue()],
                       [n.topology_manifest() for n in load_catalogue()])
-PLURALS = {"Service": ("", "v1", "services"), "ConfigMap": ("", "v1", "configmaps"),
-           "Deployment": ("apps", "v1", "deployments"),
-           "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
-           "Ingress": ("networking.k8s.io", "v1", "ingresses")}
 
 
 def matches(selector: str, labels: dict[str, str]) -> bool:
-    """Equality (`k=v`) and existence (`k`) terms, the only ones the operator uses."""
-    for term in selector.split(","):
+    """Equality (`k=v`), existence (`k`) and set (`k in (a,b)`) terms, the only ones the
+    operator uses."""
+    terms, depth, term = [], 0, ""
+    for char in selector + ",":
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            terms.append(term.strip())
+            term = ""
+        else:
+            term += char
+    for term in terms:
+        if " in (" in term:
+            key, _, values = term.partition(" in (")
+            if labels.get(key) not in values.rstrip(")").split(","):
+                return False
+            continue
         key, _, value = term.partition("=")
         if key not in labels or (value and labels[key] != value):
             return False
     return True
+
+
+def test_matches_reads_the_operators_selector_terms():
+    assert matches("a=1,b,c in (x,y)", {"a": "1", "b": "", "c": "y"})
+    assert not matches("a=1,b,c in (x,y)", {"a": "1", "b": "", "c": "z"})
+    assert not matches("a=1,b", {"a": "1"})
+    assert not matches("a=1", {"a": "2"})
+
+
+def test_every_child_kind_is_watched_and_only_the_read_ones_whole():
+    """Metadata only where the reconciler needs no more than existence and version; whole
+    where it reads fields (a Deployment's status, slices' endpoints, pods' state)."""
+    assert {s.kind: s.metadata_only for s in CHILD_WATCHES} == {
+        "ConfigMap": True, "Service": True, "PodDisruptionBudget": True, "Ingress": True,
+        "Deployment": False, "EndpointSlice": False, "Pod": False}
 
 
 def children(sample: str) -> list[dict]:
@@ -45,21 +71,21 @@ def children(sample: str) -> list[dict]:
 def test_every_applied_child_is_watched():
     for path in sorted(SAMPLES.glob("*.yaml")):
         for child in children(path.stem):
-            resource = PLURALS.get(child["kind"])
-            if resource is None:
-                continue
-            assert matches(WATCH_SELECTORS[resource], child["metadata"]["labels"]), \
+            assert matches(SELECTORS[child["kind"]], child["metadata"]["labels"]), \
                 (path.stem, child["kind"], child["metadata"]["name"])
             pods = child["spec"]["template"]["metadata"]["labels"] \
                 if child["kind"] == "Deployment" else None
             if pods is not None:
-                assert matches(WATCH_SELECTORS[("", "v1", "pods")], pods)
+                # The prefill and decode tiers' pods; the router's are not watched (its
+                # Deployment's status and EndpointSlices report them).
+                assert matches(SELECTORS["Pod"], pods) == (
+                    pods[LABEL_COMPONENT] in ("prefill", "decode")), (path.stem, pods)
 
 
 def test_endpoint_slices_of_the_router_service_only():
     """EndpointSlices carry their Service's labels: the router Service's are watched (RouterReady
     counts their ready endpoints), the headless decode Service's are not."""
-    selector = WATCH_SELECTORS[("discovery.k8s.io", "v1", "endpointslices")]
+    selector = SELECTORS["EndpointSlice"]
     services = {c["metadata"]["name"]: c["metadata"]["labels"]
                 for c in children("builtin-smollm2-cpu") if c["kind"] == "Service"}
     watched = {name for name, labels in services.items() if matches(selector, labels)}
