@@ -1,6 +1,6 @@
 """The operator's watch wiring (watches.py, handlers.py): its server-side watch selectors against
-the labels the render gives each child (a selector that stopped matching a child would leave its changes
-unseen until the resync), and which InferenceDeployment events queue a reconcile."""
+the labels the render gives each child (a selector that stopped matching a child would leave its
+changes unseen until the resync), and which InferenceDeployment events queue a reconcile."""
 
 from __future__ import annotations
 
