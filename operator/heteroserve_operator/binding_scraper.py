@@ -1,9 +1,9 @@
 """Learns what each decode engine bound from its /metrics and writes `status.decodeBindings`
 (decode_bindings.py says what the entries mean). Apart from the reconcile, on kopf's event loop.
 
-- Watch-driven: the operator's pod informer (informer.py) and kopf's InferenceDeployment
-  events keep an index of the decode engines
-  (pod IP, port, container start, readiness) and of each deployment's live `decodeBindings`.
+- Watch-driven: the operator's pod and InferenceDeployment informers (informer.py) keep an
+  index of the decode engines (pod IP, port, container start, readiness) and of each
+  deployment's live `decodeBindings`.
   An idle cluster sends no events, so the scraper reads nothing and writes nothing.
 - Each engine start is read once, when its container is ready: GET http://<pod IP>:<port>/metrics
   with a short total timeout, a bounded number at a time; a failure is retried with doubling
@@ -32,7 +32,6 @@ from prometheus_client import CollectorRegistry, Counter
 
 from heteroserve_engines.protocol.binding_report import BindingReportError, find_binding
 
-from .api.models import GROUP, PLURAL, VERSION
 from .decode_bindings import (
     FIELD,
     DecodeEngine,
@@ -311,9 +310,3 @@ async def stop_binding_scraper(memo: kopf.Memo, **_) -> None:
     task = getattr(memo, "binding_task", None)
     if task:
         task.cancel()
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def deployment_bindings_changed(body: kopf.Body, event: dict, memo: kopf.Memo,
-                                      **_) -> None:
-    memo.bindings.owner_event(body, event.get("type"))

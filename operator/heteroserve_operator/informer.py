@@ -56,6 +56,14 @@ class WatchSpec:
             else f"{prefix}/{self.plural}"
 
 
+def without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """A shallow copy of `obj` without metadata.managedFields (for caching)."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 class Gone(RuntimeError):
     """The watch's resourceVersion is too old (410): list again."""
 
@@ -148,10 +156,12 @@ class Informer:
 
     def __init__(self, kube: KubeApi, spec: WatchSpec, on_event: Event,
                  namespace: str | None = None, timeout_seconds: int = 300,
-                 retry_seconds: float = 1.0):
+                 retry_seconds: float = 1.0, store: Store | None = None):
+        """`store`: where the objects are kept (one that another part also writes, as the
+        reconciler's InferenceDeployments); default: its own."""
         self.kube, self.spec, self.on_event, self.namespace = kube, spec, on_event, namespace
         self.timeout_seconds, self.retry_seconds = timeout_seconds, retry_seconds
-        self.store = Store()
+        self.store = store if store is not None else Store()
         self.version: str | None = None
         self.events = 0
         self._stop = threading.Event()
@@ -202,7 +212,8 @@ class Informer:
         return METADATA_ONLY_LIST if listing else METADATA_ONLY
 
     def _list(self) -> None:
-        query = [("labelSelector", self.spec.selector), ("resourceVersion", "0")]
+        query = [("labelSelector", self.spec.selector)] if self.spec.selector else []
+        query.append(("resourceVersion", "0"))
         body = self.kube.list_raw(self.spec.kind, self.spec.path(self.namespace), query,
                                   self._accept(listing=True))
         items = body.get("items") or []
@@ -224,7 +235,8 @@ class Informer:
         self.store.synced = True
 
     def _watch(self) -> None:
-        query = [("labelSelector", self.spec.selector), ("watch", "true"),
+        query = [("labelSelector", self.spec.selector)] if self.spec.selector else []
+        query += [("watch", "true"),
                  ("allowWatchBookmarks", "true"), ("resourceVersion", self.version or "0"),
                  ("timeoutSeconds", str(self.timeout_seconds))]
         response = self.kube.open_stream(self.spec.path(self.namespace), query,
@@ -263,10 +275,13 @@ class Informer:
     def _typed(self, obj: dict[str, Any]) -> None:
         """Items of a LIST carry no kind and apiVersion, metadata-only objects the
         PartialObjectMetadata ones: the resource's own, as in a GET (the reconciler compares
-        its manifests, kind and apiVersion included, with whole objects)."""
+        its manifests, kind and apiVersion included, with whole objects). managedFields are
+        dropped, as controller-runtime's TransformStripManagedFields does: nothing here reads
+        them, and they were the larger part of a cached object's memory."""
         obj["kind"] = self.spec.kind
         if not self.spec.metadata_only:
             obj["apiVersion"] = self.spec.group_version
+        obj.get("metadata", {}).pop("managedFields", None)
 
     def _deliver(self, kind: str, obj: dict[str, Any]) -> None:
         try:
@@ -326,4 +341,4 @@ class ChildCaches:
         informer = self.informers.get(
             (kind, obj["metadata"].get("namespace") if self.namespaces else None))
         if informer is not None and not informer.spec.metadata_only:
-            informer.store.put(obj, only_if_newer=True)
+            informer.store.put(without_managed_fields(obj), only_if_newer=True)

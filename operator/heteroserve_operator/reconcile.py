@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from .api.models import KIND, InferenceDeploymentSpec
 from .api.quantity import same_quantity
-from .informer import ChildCaches, Store
+from .informer import ChildCaches, Store, without_managed_fields
 from .kube import KINDS, SECRET, ApiError, Kind, KubeApi
 from .numa import NumaPlanError
 from .render import kv_token
@@ -145,24 +145,22 @@ class Reconciler:
         # again (a later edit's event queues a reconcile that reads it).
         self._applied_hashes: dict[tuple[str, str, str], str] = {}
         self._seen_versions: dict[tuple[str, str, str], str | None] = {}
+        # (namespace, name) -> ((uid, generation), facts, spec, rendered): the render is pure,
+        # and a spec changes only with its generation; the facts listing is renewed every
+        # `facts_ttl_seconds`, and with it every render (a node's change is seen as before).
+        self._renders: dict[tuple[str, str], tuple[Any, ClusterFacts, InferenceDeploymentSpec,
+                                                   Rendered]] = {}
         # Objects whose next reconcile reads every child (the periodic resync: the safety net
         # does not rely on the watches it backs up).
         self._read_all: set[tuple[str, str]] = set()
         # The watch-fed caches of the children (informer.py), set once they run; None: every
         # read goes to the API.
         self.caches: ChildCaches | None = None
-        # The InferenceDeployments as last seen: kopf's watch events and this operator's own
-        # status writes, whichever is later (a reconcile must not start from a status older
-        # than its own last write: it would repeat that write's transition Events).
+        # The InferenceDeployments as last seen: the operator's watch of them (watches.py keeps
+        # them here) and this operator's own status writes, whichever is later (a reconcile
+        # must not start from a status older than its own last write: it would repeat that
+        # write's transition Events).
         self.owners = Store()
-
-    def saw_owner(self, body: dict[str, Any], deleted: bool = False) -> None:
-        """A watch event of an InferenceDeployment (kopf's raw object)."""
-        meta = body.get("metadata") or {}
-        if deleted:
-            self.owners.delete(meta.get("namespace", ""), meta.get("name", ""))
-        elif meta.get("name"):
-            self.owners.put(body, only_if_newer=True)
 
     def is_own_write(self, kind: str, namespace: str, name: str, version: str | None) -> bool:
         """True when (kind, namespace, name) at `version` is what this operator last wrote."""
@@ -185,13 +183,15 @@ class Reconciler:
     def forget(self, kind: str, namespace: str, name: str) -> None:
         for known in (self._own_versions, self._applied_hashes, self._seen_versions):
             known.pop((kind, namespace, name), None)
+        if kind == KIND:
+            self._renders.pop((namespace, name), None)
 
     def _wrote(self, kind: str, written: dict[str, Any] | None,
                manifest: dict[str, Any] | None = None) -> None:
         meta = (written or {}).get("metadata") or {}
         if meta.get("resourceVersion") and meta.get("name") and meta.get("namespace"):
             if kind == KIND and written is not None:
-                self.owners.put(written, only_if_newer=True)
+                self.owners.put(without_managed_fields(written), only_if_newer=True)
             key = (kind, meta["namespace"], meta["name"])
             self._own_versions[key] = meta["resourceVersion"]
             spec_hash = ((manifest or {}).get("metadata", {}).get("annotations") or {}).get(
@@ -226,7 +226,7 @@ class Reconciler:
             if body is None:
                 body = self.kube.inference_deployment(namespace, name)
                 if body is not None:
-                    self.owners.put(body, only_if_newer=True)
+                    self.owners.put(without_managed_fields(body), only_if_newer=True)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 self.forget(KIND, namespace, name)
                 self.owners.delete(namespace, name)
@@ -241,17 +241,23 @@ class Reconciler:
         generation = int(meta.get("generation", 0))
         previous = body.get("status", {}) or {}
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        try:
-            spec = InferenceDeploymentSpec.model_validate(body.get("spec", {}))
-        except ValidationError as error:
-            message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                for e in error.errors())
-            return self._fail(body, previous, generation, now, "InvalidSpec", message)
         facts = self.facts.get()
-        try:
-            rendered = render(spec, owner, facts)
-        except NumaPlanError as error:
-            return self._fail(body, previous, generation, now, "NumaPlanFailed", str(error))
+        key = (owner.namespace, owner.name)
+        cached = self._renders.get(key)
+        if cached is not None and cached[0] == (owner.uid, generation) and cached[1] is facts:
+            spec, rendered = cached[2], cached[3]
+        else:
+            try:
+                spec = InferenceDeploymentSpec.model_validate(body.get("spec", {}))
+            except ValidationError as error:
+                message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                    for e in error.errors())
+                return self._fail(body, previous, generation, now, "InvalidSpec", message)
+            try:
+                rendered = render(spec, owner, facts)
+            except NumaPlanError as error:
+                return self._fail(body, previous, generation, now, "NumaPlanFailed", str(error))
+            self._renders[key] = ((owner.uid, generation), facts, spec, rendered)
         try:
             token_ensured = False
             if rendered.kv_token_secret and not ready_for(previous, generation):

@@ -1,12 +1,14 @@
-"""The operator's watches of its children (informer.py) and what their events do."""
+"""The operator's watches (informer.py): of the InferenceDeployments and of their children, and
+what their events do."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from .api.models import GROUP, KIND, PLURAL, VERSION
 from .binding_scraper import BindingScraper
-from .informer import ChildCaches, Event, WatchSpec
+from .informer import ChildCaches, Event, Informer, WatchSpec
 from .reconcile import Reconciler
 from .render.meta import LABEL_COMPONENT, LABEL_OWNER, MANAGED_BY
 from .workqueue import WorkQueue
@@ -74,14 +76,66 @@ def pod_event(children: Event, bindings: BindingScraper, loop: asyncio.AbstractE
     return on_event
 
 
+# The InferenceDeployments, whole: kept in the reconciler's store (`Reconciler.owners`), which its
+# own status writes also update.
+OWNER_WATCH = WatchSpec(KIND, f"{GROUP}/{VERSION}", PLURAL, "", metadata_only=False)
+
+
+def owner_event(reconciler: Reconciler, queue: WorkQueue, bindings: BindingScraper,
+                loop: asyncio.AbstractEventLoop) -> Event:
+    """An InferenceDeployment's event (the informer has already stored or removed it)."""
+
+    def on_event(event_type: str, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        namespace, name = meta.get("namespace", ""), meta["name"]
+        loop.call_soon_threadsafe(bindings.owner_event, body, event_type)
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):
+            reconciler.forget(KIND, namespace, name)
+            return  # owner references let the garbage collector remove the children
+        # An echo of this operator's own status write (a reconcile's, or the binding
+        # scraper's) needs no reconcile, unless the spec moved past what the status observed:
+        # after a watch reconnect, the one event delivered for an object may be a write that
+        # followed an edit.
+        if reconciler.is_own_write(KIND, namespace, name, meta.get("resourceVersion")) \
+                and meta.get("generation") == (body.get("status") or {}).get(
+                    "observedGeneration"):
+            return
+        queue.add(namespace, name)
+
+    return on_event
+
+
+class Watches:
+    """The running informers: the InferenceDeployments' (one per namespace, or one) and the
+    children's caches."""
+
+    def __init__(self, owners: list[Informer], caches: ChildCaches):
+        self.owners, self.caches = owners, caches
+
+    def start(self) -> None:
+        self.caches.start()
+        for informer in self.owners:
+            informer.start()
+
+    def stop(self) -> None:
+        self.caches.stop()
+        for informer in self.owners:
+            informer.stop()
+
+
 def start_watches(reconciler: Reconciler, queue: WorkQueue, bindings: BindingScraper,
                   loop: asyncio.AbstractEventLoop, namespaces: tuple[str, ...],
-                  timeout_seconds: int) -> ChildCaches:
-    """Starts the children's informers and hands their caches to the reconciler."""
+                  timeout_seconds: int) -> Watches:
+    """Starts the informers and hands their caches to the reconciler and the scraper."""
     children = child_event(reconciler, queue)
     handlers: dict[str, Event] = {spec.kind: children for spec in CHILD_WATCHES}
     handlers["Pod"] = pod_event(children, bindings, loop)
     caches = ChildCaches(reconciler.kube, CHILD_WATCHES, handlers, namespaces, timeout_seconds)
-    caches.start()
+    owners = [Informer(reconciler.kube, OWNER_WATCH,
+                       owner_event(reconciler, queue, bindings, loop), namespace,
+                       timeout_seconds, store=reconciler.owners)
+              for namespace in (namespaces or (None,))]
     reconciler.caches = bindings.caches = caches
-    return caches
+    watches = Watches(owners, caches)
+    watches.start()
+    return watches

@@ -187,7 +187,8 @@ def test_hundred_reconciles_of_an_unchanged_spec_make_no_writes(cluster, operato
     assert resource_versions(cluster, namespace) == before
 
 
-def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, namespace):
+def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, namespace,
+                                                          monkeypatch):
     """The operator's informers (informer.py, watches.py) against the real apiserver: once
     they have listed, a reconcile of a settled object reads nothing from the API but the
     object itself (once; then kopf's events and its own writes keep it) and writes nothing; a
@@ -220,6 +221,10 @@ def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, na
                                            {"kind": "Deployment"})
         assert listed == 1   # the informer's LIST, nothing else yet
         reconciler.caches = caches
+        import heteroserve_operator.reconcile as reconcile_module
+        renders, render = [], reconcile_module.render
+        monkeypatch.setattr(reconcile_module, "render",
+                            lambda *a: renders.append(a) or render(*a))
         for _ in range(100):
             outcome = reconciler.reconcile_by_name(namespace, NAME)
             assert outcome.error is None and outcome.applied == () and not outcome.status_written
@@ -238,6 +243,8 @@ def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, na
         assert reads["ConfigMap"] == reads["PodDisruptionBudget"] == 2
         assert registry.get_sample_value("heteroserve_operator_api_writes_total") is None
         assert resource_versions(cluster, namespace) == before
+        # Rendered once per generation and facts listing (renewed every 10 s: at most twice).
+        assert 1 <= len(renders) <= 2
 
         cluster.kubectl("delete", "configmap", f"{NAME}-router", "-n", namespace)
         wait_for(lambda: ("DELETED", "ConfigMap", f"{NAME}-router") in events,

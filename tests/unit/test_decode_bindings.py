@@ -421,7 +421,7 @@ def test_the_loop_wakes_for_events_and_for_retries():
 def test_each_status_write_is_handed_on_so_its_echo_queues_no_reconcile():
     """The scraper's write changes only decodeBindings, which a reconcile carries over: the
     operator's reconciler is told the write's resourceVersion and takes its watch event as its
-    own echo (handlers.inference_deployment_changed then queues nothing)."""
+    own echo (watches.owner_event then queues nothing)."""
     rig = Rig()
     reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
 

@@ -25,7 +25,7 @@ from heteroserve_operator.render.meta import LABEL_OWNER
 def obj(name: str, version: str, owner: str | None = "llm", **extra) -> dict:
     labels = {LABEL_OWNER: owner} if owner else {}
     return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": version,
-                         "labels": labels}, **extra}
+                         "labels": labels, "managedFields": [{"manager": "x"}]}, **extra}
 
 
 def test_versions_compare_as_integers_and_anything_else_is_newer():
@@ -150,6 +150,7 @@ def test_listed_and_watched_objects_carry_their_kind_and_api_version():
     for name in ("a", "b"):
         cached = informer.store.get("ns", name)
         assert (cached["apiVersion"], cached["kind"]) == ("apps/v1", "Deployment")
+        assert "managedFields" not in cached["metadata"]   # never read, most of the memory
 
 
 def test_caches_answer_only_when_synced_and_keep_own_writes_of_whole_kinds():
@@ -165,6 +166,7 @@ def test_caches_answer_only_when_synced_and_keep_own_writes_of_whole_kinds():
     caches.offer("Deployment", obj("d", "7", status={"availableReplicas": 1}))
     caches.offer("Service", obj("s", "8"))     # metadata-only: an answer is not what it holds
     assert caches.child("Deployment", "ns", "d")[1]["status"] == {"availableReplicas": 1}
+    assert "managedFields" not in caches.child("Deployment", "ns", "d")[1]["metadata"]
     assert caches.child("Service", "ns", "s") == (True, None)
     assert [o["metadata"]["name"] for o in caches.owned("Deployment", "ns", "llm")] == ["d"]
 

@@ -4,19 +4,16 @@ changes unseen until the resync), and which InferenceDeployment events queue a r
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 
-import kopf
 import yaml
 
 from heteroserve_operator.api import InferenceDeploymentSpec
-from heteroserve_operator.handlers import inference_deployment_changed
 from heteroserve_operator.reconcile import Reconciler, cluster_facts
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import LABEL_COMPONENT, Owner
-from heteroserve_operator.watches import CHILD_WATCHES, SELECTORS
+from heteroserve_operator.watches import CHILD_WATCHES, SELECTORS, owner_event
 from tests.cluster.catalogue import load_catalogue
 
 SAMPLES = Path(__file__).parents[2] / "crds" / "samples"
@@ -102,25 +99,40 @@ class _Queue:
         self.added.append((namespace, name))
 
 
-def _event(generation: int, observed: int, version: str = "7") -> kopf.Body:
-    return kopf.Body({"apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment",
-                      "metadata": {"namespace": "ns", "name": "llm", "resourceVersion": version,
-                                   "generation": generation},
-                      "status": {"observedGeneration": observed}})
+def _event(generation: int, observed: int, version: str = "7") -> dict:
+    return {"apiVersion": "heteroserve.io/v1alpha1", "kind": "InferenceDeployment",
+            "metadata": {"namespace": "ns", "name": "llm", "resourceVersion": version,
+                         "generation": generation},
+            "status": {"observedGeneration": observed}}
+
+
+class _Loop:
+    """Runs what the informer's thread hands to kopf's event loop at once."""
+
+    def __init__(self):
+        self.calls: list[tuple] = []
+
+    def call_soon_threadsafe(self, function, *args):
+        self.calls.append((function.__name__, *args))
 
 
 def test_an_own_write_echo_queues_nothing_unless_the_spec_moved_past_the_status():
-    """After a watch reconnect the one event kopf delivers for an object may be the operator's
-    own status write that followed a spec edit: that echo must still queue a reconcile."""
+    """After a watch reconnect the one event delivered for an object may be the operator's own
+    status write that followed a spec edit: that echo must still queue a reconcile. Every
+    event reaches the binding scraper; a deletion queues nothing."""
     reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
     reconciler.status_written_elsewhere({"metadata": {"namespace": "ns", "name": "llm",
                                                       "resourceVersion": "7"}})
-    memo = SimpleNamespace(reconciler=reconciler, queue=_Queue())
-    run = asyncio.run
-    run(inference_deployment_changed(body=_event(3, 3), event={"type": "MODIFIED"}, memo=memo))
-    assert memo.queue.added == []                      # the echo of its own write
-    run(inference_deployment_changed(body=_event(4, 3), event={"type": "MODIFIED"}, memo=memo))
-    assert memo.queue.added == [("ns", "llm")]         # own write, but the spec moved on
-    run(inference_deployment_changed(body=_event(3, 3, "8"), event={"type": "MODIFIED"},
-                                     memo=memo))
-    assert memo.queue.added == [("ns", "llm")] * 2     # someone else's write
+    queue, loop = _Queue(), _Loop()
+    bindings = SimpleNamespace(owner_event=lambda body, kind: None)
+    on_event = owner_event(reconciler, queue, bindings, loop)  # type: ignore[arg-type]
+    on_event("MODIFIED", _event(3, 3))
+    assert queue.added == []                           # the echo of its own write
+    on_event("MODIFIED", _event(4, 3))
+    assert queue.added == [("ns", "llm")]              # own write, but the spec moved on
+    on_event("MODIFIED", _event(3, 3, "8"))
+    assert queue.added == [("ns", "llm")] * 2          # someone else's write
+    on_event("DELETED", _event(3, 3, "9"))
+    assert queue.added == [("ns", "llm")] * 2
+    assert [c[0] for c in loop.calls] == ["<lambda>"] * 4
+    assert [c[2] for c in loop.calls] == ["MODIFIED"] * 3 + ["DELETED"]
