@@ -64,6 +64,8 @@ class ScrapeSettings:
     # Bytes of /metrics read at most; a longer answer counts as one without the binding (a
     # foreign engine's exposition; heteroserve's is a few KiB).
     max_body_bytes: int = 4 * 2**20
+    # Status writes at the same time (each waits for the apiserver, not for this process).
+    write_concurrency: int = 8
     # Seconds before a failed status write (or a paused peering replica) looks again.
     write_retry_seconds: float = 5.0
     # Seconds the loop waits after start-up before its first pass, so that kopf's first listings
@@ -261,42 +263,53 @@ class BindingScraper:
                 self.engines[(engine.namespace, engine.pod)] = engine
 
     async def _write_changed(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Writes each dirty deployment whose entries differ from the live ones. Before a write,
-        one LIST of its pods (from the apiserver's watch cache) checks the index: the pod and
-        InferenceDeployment watches deliver independently (at start-up, a deployment's listing
-        may come before its pods'), and entries written from half an index would be wrong. Once
-        the pod informer has listed, its cache is that check."""
-        for owner in sorted(self.dirty):
-            self.dirty.discard(owner)
-            if owner not in self.live:
-                continue   # not seen yet: its first event marks it again
-            if self._wanted(owner) == (self.live[owner] or []):
-                continue
-            namespace, name = owner
-            try:
-                pods = self.caches.owned("Pod", namespace, name) if self.caches else None
-                if pods is None:
-                    pods = await loop.run_in_executor(None, self.kube.pods, namespace,
-                                                      f"{LABEL_OWNER}={name}")
-                self._replace_engines(owner, pods)
-                wanted = self._wanted(owner)
-                if wanted == (self.live.get(owner) or []):
-                    continue
-                written = await loop.run_in_executor(None, self.kube.patch_status, namespace,
-                                                     name, {FIELD: wanted or None})
-                if self.on_status_written is not None:
-                    self.on_status_written(written)
-            except ApiError as error:
-                if error.status == 404:
-                    self.live.pop(owner, None)
-                    continue
-                log.warning("%s/%s: cannot write %s: %s", namespace, name, FIELD, error)
-                self.dirty.add(owner)
-                self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
+        """Writes each dirty deployment whose entries differ from the live ones, up to
+        `write_concurrency` at a time (one after the other, a thousand new deployments' writes
+        took longer than the deployments to converge). Before a write, one LIST of its pods
+        (from the apiserver's watch cache) checks the index: the pod and InferenceDeployment
+        watches deliver independently (at start-up, a deployment's listing may come before its
+        pods'), and entries written from half an index would be wrong. Once the pod informer
+        has listed, its cache is that check."""
+        owners = sorted(self.dirty)
+        self.dirty.difference_update(owners)
+        limit = asyncio.Semaphore(self.settings.write_concurrency)
+
+        async def write(owner: OwnerKey) -> None:
+            async with limit:
+                await self._write_one(loop, owner)
+
+        await asyncio.gather(*(write(owner) for owner in owners))
+
+    async def _write_one(self, loop: asyncio.AbstractEventLoop, owner: OwnerKey) -> None:
+        if owner not in self.live:
+            return   # not seen yet: its first event marks it again
+        if self._wanted(owner) == (self.live[owner] or []):
+            return
+        namespace, name = owner
+        try:
+            pods = self.caches.owned("Pod", namespace, name) if self.caches else None
+            if pods is None:
+                pods = await loop.run_in_executor(None, self.kube.pods, namespace,
+                                                  f"{LABEL_OWNER}={name}")
+            self._replace_engines(owner, pods)
+            wanted = self._wanted(owner)
+            if wanted == (self.live.get(owner) or []):
                 return
-            # What the write made of it; the watch event that follows confirms it.
-            self.live[owner] = wanted or None
-            self._wake.set()   # engines the LIST added may be due for a read
+            written = await loop.run_in_executor(None, self.kube.patch_status, namespace,
+                                                 name, {FIELD: wanted or None})
+            if self.on_status_written is not None:
+                self.on_status_written(written)
+        except ApiError as error:
+            if error.status == 404:
+                self.live.pop(owner, None)
+                return
+            log.warning("%s/%s: cannot write %s: %s", namespace, name, FIELD, error)
+            self.dirty.add(owner)
+            self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
+            return
+        # What the write made of it; the watch event that follows confirms it.
+        self.live[owner] = wanted or None
+        self._wake.set()   # engines the LIST added may be due for a read
 
 
 # -- kopf wiring (the scraper arrives through kopf's memo, built in __main__) ---------------------

@@ -118,10 +118,13 @@ class FactsCache:
         self._at = 0.0
 
     def get(self) -> ClusterFacts:
+        """The facts; the same object for as long as they are equal (renders are reused while
+        it is: Reconciler._renders)."""
         with self._lock:
             if self._facts is None or time.monotonic() - self._at >= self.ttl:
-                self._facts = cluster_facts(self.kube.nodes(),
-                                            self.kube.node_resource_topologies())
+                facts = cluster_facts(self.kube.nodes(), self.kube.node_resource_topologies())
+                if facts != self._facts:
+                    self._facts = facts
                 self._at = time.monotonic()
             return self._facts
 
@@ -146,8 +149,9 @@ class Reconciler:
         self._applied_hashes: dict[tuple[str, str, str], str] = {}
         self._seen_versions: dict[tuple[str, str, str], str | None] = {}
         # (namespace, name) -> ((uid, generation), facts, spec, rendered): the render is pure,
-        # and a spec changes only with its generation; the facts listing is renewed every
-        # `facts_ttl_seconds`, and with it every render (a node's change is seen as before).
+        # and a spec changes only with its generation; the facts are listed again every
+        # `facts_ttl_seconds`, and a change of them renders everything again (a node's change
+        # is seen as before).
         self._renders: dict[tuple[str, str], tuple[Any, ClusterFacts, InferenceDeploymentSpec,
                                                    Rendered]] = {}
         # Objects whose next reconcile reads every child (the periodic resync: the safety net

@@ -441,3 +441,53 @@ def test_each_status_write_is_handed_on_so_its_echo_queues_no_reconcile():
     rig.owner()
     rig.step()
     assert len(rig.kube.patches) == 1 and len(rig.written) == 1
+
+
+def test_many_deployments_are_written_several_at_a_time_and_a_failure_is_retried():
+    """A thousand new deployments' entries written one after the other took longer than the
+    deployments took to converge (the operator was still writing while idle): writes overlap,
+    at most `write_concurrency` at once; a failed one is marked for the retry, the others
+    land."""
+    import threading
+    import time
+
+    class SlowKube:
+        def __init__(self):
+            self.lock, self.inflight, self.peak = threading.Lock(), 0, 0
+            self.written: list[str] = []
+
+        def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+            owner = selector.split("=", 1)[1]
+            return [pod(f"{owner}-decode-a", owner=owner, ready=False)]
+
+        def patch_status(self, namespace, name, patch):
+            with self.lock:
+                self.inflight += 1
+                self.peak = max(self.peak, self.inflight)
+            time.sleep(0.05)
+            with self.lock:
+                self.inflight -= 1
+            if name == "d3":
+                raise ApiError(500, "etcd timeout")
+            self.written.append(name)
+            return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
+
+    kube = SlowKube()
+    scraper = BindingScraper(kube, Gate(), settings=ScrapeSettings(write_concurrency=4),  # type: ignore[arg-type]
+                             transport=httpx.MockTransport(Engines()))
+    names = [f"d{i}" for i in range(12)]
+    for name in names:
+        scraper.owner_event({"metadata": {"namespace": "ns", "name": name}, "status": {}},
+                            "ADDED")
+        scraper.pod_event(pod(f"{name}-decode-a", owner=name, ready=False), "ADDED")
+
+    async def once():
+        async with httpx.AsyncClient(transport=scraper.transport) as client:
+            await scraper.step(client, asyncio.Semaphore(4))
+
+    started = time.monotonic()
+    asyncio.run(once())
+    assert 1 < kube.peak <= 4
+    assert time.monotonic() - started < 12 * 0.05   # overlapped, not one after the other
+    assert sorted(kube.written) == sorted(n for n in names if n != "d3")
+    assert scraper.dirty == {("ns", "d3")}

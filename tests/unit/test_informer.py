@@ -182,3 +182,4 @@ def test_namespaced_caches_answer_for_their_namespaces_only():
         informer.store.synced = True
     assert caches.child("Deployment", "ns", "d") == (True, None)
     assert caches.child("Deployment", "elsewhere", "d") == (False, None)
+
