@@ -115,11 +115,21 @@ def condition(obj: dict, kind: str) -> dict | None:
 
 
 def wait_ready(cluster, namespace: str, name: str, timeout: float = 90) -> dict:
+    seen: dict = {}
+
     def ready():
         obj = get_json(cluster, "inferencedeployment", name, "-n", namespace)
+        seen["status"] = obj.get("status")
         cond = condition(obj, "Ready")
         current = obj.get("status", {}).get("observedGeneration") == obj["metadata"][
             "generation"]
         return obj if cond and cond["status"] == "True" and current else None
 
-    return wait_for(ready, timeout, what=f"{namespace}/{name} to be Ready")
+    try:
+        return wait_for(ready, timeout, what=f"{namespace}/{name} to be Ready")
+    except AssertionError as error:
+        # What the operator last said, and what the cluster had: a timeout alone tells nothing.
+        children = cluster.kubectl("get", "deployments,pods,endpointslices", "-n", namespace,
+                                   "-o", "wide", check=False).stdout
+        raise AssertionError(f"{error}\nlast status: {seen.get('status')!r}\n{children}") \
+            from None
