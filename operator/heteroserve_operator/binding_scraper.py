@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ class ScrapeSettings:
     # Bytes of /metrics read at most; a longer answer counts as one without the binding (a
     # foreign engine's exposition; heteroserve's is a few KiB).
     max_body_bytes: int = 4 * 2**20
+    # Seconds the loop lets a burst of watch events gather before a pass.
+    batch_seconds: float = 0.2
     # Status writes at the same time (each waits for the apiserver, not for this process).
     write_concurrency: int = 8
     # Seconds before a failed status write (or a paused peering replica) looks again.
@@ -102,6 +105,9 @@ class BindingScraper:
                                "result (reported, not_reported, failed)", ["result"],
                                registry=registry)
         self.engines: dict[tuple[str, str], DecodeEngine] = {}   # (namespace, pod)
+        # owner -> its engines' (namespace, pod): a deployment's entries without a scan of
+        # every engine (a thousand deployments' writes scanned a thousand engines each).
+        self._owned: defaultdict[OwnerKey, set[tuple[str, str]]] = defaultdict(set)
         self.learned: dict[EngineKey, Learned] = {}
         self.attempts: dict[EngineKey, _Attempts] = {}
         self.live: dict[OwnerKey, list[dict[str, Any]] | None] = {}  # seen deployments only
@@ -121,14 +127,28 @@ class BindingScraper:
         if engine == before:
             return
         if engine is None:
-            del self.engines[where]
+            self._drop_engine(where)
         else:
-            self.engines[where] = engine
+            self._set_engine(where, engine)
             if before is not None and engine.key in self.attempts and \
                     (before.address, before.port) != (engine.address, engine.port):
                 self.attempts.pop(engine.key)   # a new address: read it now
         self.dirty.add((before or engine).owner_key)
         self._wake.set()
+
+    def _set_engine(self, where: tuple[str, str], engine: DecodeEngine) -> None:
+        self._drop_engine(where)
+        self.engines[where] = engine
+        self._owned[engine.owner_key].add(where)
+
+    def _drop_engine(self, where: tuple[str, str]) -> None:
+        engine = self.engines.pop(where, None)
+        if engine is not None:
+            owned = self._owned.get(engine.owner_key)
+            if owned is not None:
+                owned.discard(where)
+                if not owned:
+                    del self._owned[engine.owner_key]
 
     def owner_event(self, body: Mapping[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
@@ -156,6 +176,10 @@ class BindingScraper:
                 if delay > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), delay)
+                    if self._wake.is_set():
+                        # Events come in bursts (a rollout's pods): one pass for the burst,
+                        # not one per event (each pass looks at every engine).
+                        await asyncio.sleep(self.settings.batch_seconds)
                 self._wake.clear()
                 try:
                     await self.step(client, limit)
@@ -249,18 +273,18 @@ class BindingScraper:
                 del table[key]
 
     def _wanted(self, owner: OwnerKey) -> list[dict[str, Any]]:
-        engines = [e for e in self.engines.values() if e.owner_key == owner]
+        engines = [self.engines[where] for where in self._owned.get(owner, ())]
         for engine in engines:
             self._adopt(engine)
         return entries(engines, self.learned)
 
     def _replace_engines(self, owner: OwnerKey, pods: list[dict[str, Any]]) -> None:
-        for where in [w for w, e in self.engines.items() if e.owner_key == owner]:
-            del self.engines[where]
+        for where in list(self._owned.get(owner, ())):
+            self._drop_engine(where)
         for pod in pods:
             engine = decode_engine(pod)
             if engine is not None and engine.owner_key == owner:
-                self.engines[(engine.namespace, engine.pod)] = engine
+                self._set_engine((engine.namespace, engine.pod), engine)
 
     async def _write_changed(self, loop: asyncio.AbstractEventLoop) -> None:
         """Writes each dirty deployment whose entries differ from the live ones, up to

@@ -491,3 +491,21 @@ def test_many_deployments_are_written_several_at_a_time_and_a_failure_is_retried
     assert time.monotonic() - started < 12 * 0.05   # overlapped, not one after the other
     assert sorted(kube.written) == sorted(n for n in names if n != "d3")
     assert scraper.dirty == {("ns", "d3")}
+
+
+def test_each_deployments_engines_are_indexed_through_moves_and_deletions():
+    """A deployment's entries come from its own engines (an index by owner, not a scan of
+    every engine): a pod that is deleted, or relabelled to another deployment, leaves it."""
+    rig = Rig()
+    scraper = rig.scraper
+    scraper.pod_event(pod("a-1", owner="a", ready=False), "ADDED")
+    scraper.pod_event(pod("a-2", owner="a", ready=False), "ADDED")
+    scraper.pod_event(pod("b-1", owner="b", ready=False), "ADDED")
+    pods_of = lambda owner: [e["pod"] for e in scraper._wanted(("ns", owner))]  # noqa: E731
+    assert pods_of("a") == ["a-1", "a-2"] and pods_of("b") == ["b-1"]
+    scraper.pod_event(pod("a-2", owner="b", ready=False), "MODIFIED")   # relabelled
+    assert pods_of("a") == ["a-1"] and pods_of("b") == ["a-2", "b-1"]
+    scraper.pod_event(pod("a-1", owner="a"), "DELETED")
+    assert pods_of("a") == [] and ("ns", "a") not in scraper._owned
+    scraper._replace_engines(("ns", "b"), [pod("b-3", owner="b", ready=False)])
+    assert pods_of("b") == ["b-3"] and set(scraper.engines) == {("ns", "b-3")}
