@@ -199,6 +199,8 @@ def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, na
     apply_sample(cluster, namespace)
     wait_for(lambda: resource_versions(cluster, namespace) == resource_versions(
         cluster, namespace), what="the objects to settle")
+    # The operator process would repair the hand deletion below too, racing this reconciler.
+    operator.stop()
     before = resource_versions(cluster, namespace)
     registry = CollectorRegistry()
     kube = KubeApi(cluster.api_client(), registry)
@@ -232,15 +234,17 @@ def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, na
                                                  {"kind": kind})
                  for kind in ("InferenceDeployment", "Deployment", "Pod", "EndpointSlice",
                               "ConfigMap", "Service", "PodDisruptionBudget", "Ingress")}
-        # One LIST per informer and one GET of the InferenceDeployment. The Services,
-        # ConfigMap and PDB (whose fields the metadata-only caches do not hold) are read by
-        # the first reconcile, found as desired, and not again while their watch sees no
-        # change: LIST + 2 GETs of the two Services, LIST + 1 GET of the others.
+        # One LIST per informer (another only if a watch had to list again) and one GET of
+        # the InferenceDeployment. The Services, ConfigMap and PDB (whose fields the
+        # metadata-only caches do not hold) are read by the first reconcile, found as desired,
+        # and again only after their watch saw them change (the controller-manager updates a
+        # PDB's status as pods come and go): LIST + one GET per child + one per change seen,
+        # against one read per reconcile (100) without the caches.
         assert reads["InferenceDeployment"] == 1
-        assert reads["Deployment"] == reads["Pod"] == reads["EndpointSlice"] == 1
-        assert reads["Ingress"] == 1
-        assert reads["Service"] == 3
-        assert reads["ConfigMap"] == reads["PodDisruptionBudget"] == 2
+        assert all(reads[k] <= 2 for k in ("Deployment", "Pod", "EndpointSlice", "Ingress"))
+        for kind, children in (("Service", 2), ("ConfigMap", 1), ("PodDisruptionBudget", 1)):
+            changes = sum(1 for e in events if e[1] == kind and e[0] != "ADDED")
+            assert 1 + children <= reads[kind] <= 2 + children + changes, (kind, events)
         assert registry.get_sample_value("heteroserve_operator_api_writes_total") is None
         assert resource_versions(cluster, namespace) == before
         # Rendered once: per generation, and again only when the cluster facts change.
@@ -257,6 +261,7 @@ def test_reconciles_read_the_watch_caches_and_still_repair(cluster, operator, na
                                          {"kind": "ConfigMap"}) == configmap_reads
     finally:
         caches.stop()
+        operator.start()
 
 
 def rolled_out(cluster, namespace: str) -> bool:
