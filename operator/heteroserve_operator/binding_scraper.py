@@ -71,9 +71,9 @@ class ScrapeSettings:
     write_concurrency: int = 8
     # Seconds before a failed status write (or a paused peering replica) looks again.
     write_retry_seconds: float = 5.0
-    # Seconds the loop waits after start-up before its first pass, so that kopf's first listings
-    # of pods and InferenceDeployments have arrived (a deployment seen before its pods costs one
-    # LIST of them; see _write_changed).
+    # Seconds the loop waits after start-up before its first pass, so that the informers' first
+    # listings of pods and InferenceDeployments have arrived (a deployment seen before its pods
+    # costs one LIST of them; see _write_changed).
     settle_seconds: float = 2.0
 
 

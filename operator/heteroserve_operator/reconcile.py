@@ -11,9 +11,15 @@ operator scale), so a reconcile reads only what can have changed:
   applied are brand new. If one of them is not (an operator killed before its first status write
   made it), the reconcile goes on to read, prune and observe as any other; else a child left
   over from such a kill is pruned by the next reconcile, which the children's events trigger.
-- A child other than a Deployment (SEEN_KINDS) that the operator's watch has seen no event of
-  since the operator applied it (or read it as desired), with the same spec hash, is not read.
-  Deployments are read for their status. The periodic resync's reconcile reads everything.
+- Once the operator's informers have listed (informer.py, watches.py), the children are read
+  from their watch caches: a child the cache knows absent is applied without a read, a
+  Deployment is compared with its cached copy (the answer to the operator's own apply kept over
+  any older event), pods and EndpointSlices come from the caches instead of LISTs, and the
+  InferenceDeployment is the latest of its watch events and the operator's own status writes.
+- A child other than a Deployment (SEEN_KINDS: the caches hold their metadata only) that the
+  operator's watch has seen no event of since the operator applied it (or read it as desired),
+  with the same spec hash, is not read; else it is read by a GET.
+- The periodic resync's reconcile reads everything from the API.
 
 The KV token Secret (render/kv_token.py) is the one child that is not applied: its value is made
 here, once. The operator may create Secrets but not read them, so it cannot see whether the
@@ -224,7 +230,7 @@ class Reconciler:
         with self._locks[(namespace, name)]:
             read_all = (namespace, name) in self._read_all
             self._read_all.discard((namespace, name))
-            # The object as kopf's watch or this operator's last write left it; read afresh
+            # The object as the operator's watch or its own last write left it; read afresh
             # when not seen (yet), and by the periodic resync.
             body = None if read_all else self.owners.get(namespace, name)
             if body is None:
