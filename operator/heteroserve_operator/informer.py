@@ -198,6 +198,18 @@ class Informer:
                 log.info("watch of %s: resourceVersion %s expired; listing again",
                          self.spec.plural, self.version)
                 self.version = None
+            except ApiError as error:
+                if error.status == 410:   # expired, answered to the WATCH request itself
+                    log.info("watch of %s: resourceVersion %s expired; listing again",
+                             self.spec.plural, self.version)
+                    self.version = None
+                    continue
+                if self._stop.is_set():
+                    return
+                log.warning("watch of %s failed (%s); retrying in %.0f s", self.spec.plural,
+                            error, delay)
+                self._stop.wait(delay)
+                delay = min(delay * 2, 30.0)
             except Exception as error:
                 if self._stop.is_set():
                     return

@@ -135,6 +135,31 @@ def test_an_expired_watch_lists_again_and_reports_what_vanished():
                r[2]["allowWatchBookmarks"] == "true") for r in kube.requests)
 
 
+def test_a_watch_refused_as_expired_lists_again():
+    """The apiserver may answer the WATCH request itself with 410 Gone (not an ERROR event):
+    resuming from that version would be refused forever."""
+
+    class Expired(FakeKube):
+        def open_stream(self, path, query, accept, read_timeout):
+            if dict(query).get("resourceVersion") == "5":
+                self.requests.append(("watch", accept, dict(query)))
+                raise ApiError(410, "too old resource version: 5 (40)")
+            return super().open_stream(path, query, accept, read_timeout)
+
+    kube = Expired(
+        lists=[{"metadata": {"resourceVersion": "5"}, "items": [obj("a", "3")]},
+               {"metadata": {"resourceVersion": "40"}, "items": [obj("a", "30")]}],
+        watches=[])
+    spec = WatchSpec("ConfigMap", "v1", "configmaps", "a=b", metadata_only=True)
+    informer = Informer(kube, spec, lambda t, o: None, retry_seconds=0.01)  # type: ignore
+    informer.start()
+    assert kube.done.wait(5)
+    informer.stop()
+    assert [(r[0], r[2].get("resourceVersion")) for r in kube.requests] == [
+        ("list", "0"), ("watch", "5"), ("list", "0"), ("watch", "40")]
+    assert informer.store.get("ns", "a")["metadata"]["resourceVersion"] == "30"
+
+
 def test_listed_and_watched_objects_carry_their_kind_and_api_version():
     """A LIST's items carry neither, and the reconciler compares its manifests (kind and
     apiVersion included) with the cached Deployments: without them every cached Deployment
