@@ -201,12 +201,19 @@ def test_sigkill_mid_reconcile_leaves_no_orphans_and_the_undisturbed_state(
     for step in range(KILLS):
         apply_step(cluster, namespace, step)   # a change for the operator to be busy with
         own_operator.start()
-        # A random point after start-up: listing, applying children, pruning, writing status.
-        deadline = time.monotonic() + rng.uniform(0.0, 2.5)
-        writes = 0.0
+        # A random point of its reconciles: one kill in five during start-up (listing,
+        # reading), the others a random time after its first write (applying children,
+        # pruning, writing status). The operator converges a step in about a second, so a
+        # fixed window after start-up (it was 0-2.5 s) mostly killed it after convergence.
+        in_start_up, start_up_s, after_write_s = (rng.random() < 0.2, rng.uniform(0.0, 0.3),
+                                                  rng.uniform(0.0, 0.8))
+        deadline = time.monotonic() + (start_up_s if in_start_up else 10.0)
+        writes, waiting_for_write = 0.0, not in_start_up
         while time.monotonic() < deadline:
             writes = max(writes, own_operator.metric("heteroserve_operator_api_writes_total"))
-            time.sleep(0.05)
+            if writes and waiting_for_write:
+                deadline, waiting_for_write = time.monotonic() + after_write_s, False
+            time.sleep(0.02)
         own_operator.kill()
         if writes and not converged(cluster, namespace, names):
             mid_reconcile += 1
