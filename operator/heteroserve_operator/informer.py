@@ -10,7 +10,7 @@ informer is not `synced`, and readers fall back to the API.
 
 Why not kopf's watches: the operator used them for its children, and at 1,000
 InferenceDeployments kopf's handling of each event (its Body wrapping, cause detection, handler
-matching and invocation: about 0.9 ms per event) was most of the operator's CPU
+matching and invocation) was most of the operator's CPU in a py-spy profile
 (docs/benchmarks.md, operator scale). Here an event costs a JSON decoding and a dict update.
 Children that the reconciler only needs to know exist (ConfigMaps, Services, PDBs, Ingresses)
 are watched as metadata only (`PartialObjectMetadata`, as controller-runtime's metadata-only
@@ -163,7 +163,6 @@ class Informer:
         self.timeout_seconds, self.retry_seconds = timeout_seconds, retry_seconds
         self.store = store if store is not None else Store()
         self.version: str | None = None
-        self.events = 0
         self._stop = threading.Event()
         self._response: Any = None
         self._thread = threading.Thread(
@@ -198,18 +197,6 @@ class Informer:
                 log.info("watch of %s: resourceVersion %s expired; listing again",
                          self.spec.plural, self.version)
                 self.version = None
-            except ApiError as error:
-                if error.status == 410:   # expired, answered to the WATCH request itself
-                    log.info("watch of %s: resourceVersion %s expired; listing again",
-                             self.spec.plural, self.version)
-                    self.version = None
-                    continue
-                if self._stop.is_set():
-                    return
-                log.warning("watch of %s failed (%s); retrying in %.0f s", self.spec.plural,
-                            error, delay)
-                self._stop.wait(delay)
-                delay = min(delay * 2, 30.0)
             except Exception as error:
                 if self._stop.is_set():
                     return
@@ -251,9 +238,14 @@ class Informer:
         query += [("watch", "true"),
                  ("allowWatchBookmarks", "true"), ("resourceVersion", self.version or "0"),
                  ("timeoutSeconds", str(self.timeout_seconds))]
-        response = self.kube.open_stream(self.spec.path(self.namespace), query,
-                                         self._accept(listing=False),
-                                         read_timeout=self.timeout_seconds + 30)
+        try:
+            response = self.kube.open_stream(self.spec.path(self.namespace), query,
+                                             self._accept(listing=False),
+                                             read_timeout=self.timeout_seconds + 30)
+        except ApiError as error:
+            if error.status == 410:   # expired, answered to the request itself, not as an event
+                raise Gone(str(error)) from error
+            raise
         self._response = response
         try:
             for line in lines(response.stream(amt=None, decode_content=False)):
@@ -275,7 +267,6 @@ class Informer:
         if kind == "BOOKMARK":
             return
         self._typed(obj)
-        self.events += 1
         if kind == "DELETED":
             self.store.delete(meta.get("namespace", ""), meta["name"])
         else:
