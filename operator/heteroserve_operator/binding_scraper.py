@@ -110,6 +110,9 @@ class BindingScraper:
         self._owned: defaultdict[OwnerKey, set[tuple[str, str]]] = defaultdict(set)
         self.learned: dict[EngineKey, Learned] = {}
         self.attempts: dict[EngineKey, _Attempts] = {}
+        # (namespace, pod) of the engines that can be read and are not learned yet: a pass
+        # looks at these, not at every engine (a thousand learned engines cost nothing).
+        self._unread: set[tuple[str, str]] = set()
         self.live: dict[OwnerKey, list[dict[str, Any]] | None] = {}  # seen deployments only
         self.dirty: set[OwnerKey] = set()
         # The operator's pod informer (watches.py), once it runs: its synced cache answers the
@@ -137,18 +140,44 @@ class BindingScraper:
         self._wake.set()
 
     def _set_engine(self, where: tuple[str, str], engine: DecodeEngine) -> None:
-        self._drop_engine(where)
+        old = self._drop_engine(where, forget=False)
         self.engines[where] = engine
         self._owned[engine.owner_key].add(where)
+        if old is not None:
+            self._forget(old.key)
+        self._track(where)
 
-    def _drop_engine(self, where: tuple[str, str]) -> None:
+    def _drop_engine(self, where: tuple[str, str], forget: bool = True
+                     ) -> DecodeEngine | None:
         engine = self.engines.pop(where, None)
+        self._unread.discard(where)
         if engine is not None:
             owned = self._owned.get(engine.owner_key)
             if owned is not None:
                 owned.discard(where)
                 if not owned:
                     del self._owned[engine.owner_key]
+            if forget:
+                self._forget(engine.key)
+        return engine
+
+    def _forget(self, key: EngineKey | None) -> None:
+        """Drops what was learned of an engine start that no engine has any more (its pod is
+        gone, or its container started again)."""
+        if key is None:
+            return
+        current = self.engines.get(key[:2])
+        if current is None or current.key != key:
+            self.learned.pop(key, None)
+            self.attempts.pop(key, None)
+
+    def _track(self, where: tuple[str, str]) -> None:
+        """Keeps `_unread` true for one engine."""
+        engine = self.engines.get(where)
+        if engine is not None and engine.metrics_url() and engine.key not in self.learned:
+            self._unread.add(where)
+        else:
+            self._unread.discard(where)
 
     def owner_event(self, body: Mapping[str, Any], event_type: str | None) -> None:
         meta = body.get("metadata") or {}
@@ -193,9 +222,9 @@ class BindingScraper:
         if self.dirty:
             due = time.monotonic()
         else:
-            due = min((self.attempts[e.key].next_at for e in self.engines.values()
-                       if e.metrics_url() and e.key not in self.learned
-                       and e.key in self.attempts), default=time.monotonic() + 3600.0)
+            keys = (self.engines[where].key for where in self._unread)
+            due = min((self.attempts[k].next_at for k in keys if k in self.attempts),
+                      default=time.monotonic() + 3600.0)
         return max(due, self._retry_writes_at)
 
     async def step(self, client: httpx.AsyncClient, limit: asyncio.Semaphore) -> None:
@@ -205,14 +234,18 @@ class BindingScraper:
         if not await loop.run_in_executor(None, self.gate.active):
             self._retry_writes_at = now + self.settings.write_retry_seconds
             return
-        for engine in self.engines.values():
-            self._adopt(engine)
-        due = [e for e in self.engines.values() if e.metrics_url() and e.key not in self.learned
-               and self.attempts.get(e.key, _Attempts()).next_at <= now]
+        # Only a dirty deployment's engines can have something to adopt (a new engine, or
+        # entries the status gained).
+        for owner in list(self.dirty):
+            for where in list(self._owned.get(owner, ())):
+                self._adopt(self.engines[where])
+        due = [self.engines[where] for where in self._unread]
+        due = [e for e in due if self.attempts.get(e.key, _Attempts()).next_at <= now]
         results = await asyncio.gather(*(self._read(client, limit, e) for e in due))
         for engine, result in zip(due, results, strict=True):
-            self._record(engine, result)
-        self._forget_gone()
+            current = self.engines.get((engine.namespace, engine.pod))
+            if current is not None and current.key == engine.key:   # the same engine start
+                self._record(engine, result)
         await self._write_changed(loop)
 
     def _adopt(self, engine: DecodeEngine) -> None:
@@ -220,6 +253,7 @@ class BindingScraper:
             adopted = adopt(self.live.get(engine.owner_key), engine)
             if adopted is not None:
                 self.learned[engine.key] = adopted
+                self._unread.discard((engine.namespace, engine.pod))
 
     async def _read(self, client: httpx.AsyncClient, limit: asyncio.Semaphore,
                     engine: DecodeEngine) -> Learned | ScrapeFailed:
@@ -251,6 +285,7 @@ class BindingScraper:
         if isinstance(result, Learned):
             self.learned[engine.key] = result
             self.attempts.pop(engine.key, None)
+            self._unread.discard((engine.namespace, engine.pod))
             self.scrapes.labels("reported" if result.binding else "not_reported").inc()
             self.dirty.add(engine.owner_key)
             return
@@ -266,12 +301,6 @@ class BindingScraper:
                         "with back-off)", engine.namespace, engine.pod, engine.metrics_url(),
                         result)
 
-    def _forget_gone(self) -> None:
-        keys = {e.key for e in self.engines.values()}
-        for table in (self.learned, self.attempts):
-            for key in [k for k in table if k not in keys]:
-                del table[key]
-
     def _wanted(self, owner: OwnerKey) -> list[dict[str, Any]]:
         engines = [self.engines[where] for where in self._owned.get(owner, ())]
         for engine in engines:
@@ -279,12 +308,15 @@ class BindingScraper:
         return entries(engines, self.learned)
 
     def _replace_engines(self, owner: OwnerKey, pods: list[dict[str, Any]]) -> None:
-        for where in list(self._owned.get(owner, ())):
-            self._drop_engine(where)
+        dropped = [self._drop_engine(where, forget=False)
+                   for where in list(self._owned.get(owner, ()))]
         for pod in pods:
             engine = decode_engine(pod)
             if engine is not None and engine.owner_key == owner:
                 self._set_engine((engine.namespace, engine.pod), engine)
+        for engine in dropped:
+            if engine is not None:
+                self._forget(engine.key)
 
     async def _write_changed(self, loop: asyncio.AbstractEventLoop) -> None:
         """Writes each dirty deployment whose entries differ from the live ones, up to

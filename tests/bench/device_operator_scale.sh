@@ -45,6 +45,8 @@ rm -rf "$HETEROSERVE_CACHE/kwok-stages" && cp -r .devcarry/cp2/kwok-stages "$HET
 # harness checks that every tool it knows is present.
 [ -e "$bin/helm" ] || { printf '#!/bin/sh\necho "helm is not carried to this machine" >&2; exit 1\n' > "$bin/helm"; chmod +x "$bin/helm"; }
 ln -sf "$bin/kubectl" /tmp/hs-bin/kubectl
+# py-spy, when carried (cp2/py-spy.xz), for operator_scale's --py-spy
+[ -e "$bin/py-spy" ] && ln -sf "$bin/py-spy" /tmp/hs-bin/py-spy
 export PATH=/tmp/hs-bin:$PATH PYTHONPATH=/tmp/site:$PWD/operator:$PWD/engines:$PWD/local:$PWD
 export PYTHONUNBUFFERED=1
 lscpu | grep -E "Model name|^CPU\(s\)|L3" | tee "$out/machine.txt"

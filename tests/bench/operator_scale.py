@@ -34,6 +34,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import statistics
 import subprocess
@@ -313,9 +314,11 @@ def operator_phase(plane: ControlPlane, args, namespace: str, workdir: Path,
         time.sleep(3)
         if py_spy:
             profiler = subprocess.Popen(
-                [str(Path(sys.executable).with_name("py-spy")), "record", "--pid",
-                 str(operator.pid), "--format", "raw", "--output", py_spy, "--rate", "50", "--gil"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                [shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")),
+                 "record", "--pid",
+                 str(operator.pid), "--format", "raw", "--output", py_spy, "--rate", "50", "--gil",
+                 "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=open(f"{py_spy}.log", "wb"))  # noqa: SIM115
         api = k8s_config.new_client_from_config(config_file=str(plane.kubeconfig))
         custom = k8s.CustomObjectsApi(api)
         created: dict[str, float] = {}

@@ -266,6 +266,9 @@ def test_learned_once_per_engine_start_and_written_only_on_change():
     rig.step()
     assert rig.kube.status["decodeBindings"][0]["cpus"] == "0-1"
     assert rig.engines.requests == [URL, URL]
+    # What the first start reported is forgotten; nothing is left to read.
+    assert list(rig.scraper.learned) == [("ns", "llm-decode-a", "2026-11-26T20:09:00Z")]
+    assert not rig.scraper._unread
     # The pod goes: its entry too, and the field with the last one.
     rig.owner()
     rig.scraper.pod_event(pod(started="2026-11-26T20:09:00Z"), "DELETED")
@@ -273,6 +276,7 @@ def test_learned_once_per_engine_start_and_written_only_on_change():
     rig.step()
     assert "decodeBindings" not in rig.kube.status and rig.kube.patches[-1] == {
         "decodeBindings": None}
+    assert not rig.scraper.learned and not rig.scraper.engines and not rig.scraper._unread
 
 
 def test_an_engine_without_the_metric_or_without_metrics_is_not_reported():

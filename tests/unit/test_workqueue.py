@@ -83,3 +83,69 @@ def test_add_unless_recent_leaves_out_keys_reconciled_lately_queued_or_running()
         time.sleep(0.01)
     queue.stop()
     assert sorted(calls) == [("ns", "done"), ("ns", "done"), ("ns", "new"), ("ns", "slow")]
+
+
+def _wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_ready_keys_run_first_in_first_out_and_a_held_back_key_holds_up_none():
+    order: list[str] = []
+    ended: dict[str, float] = {}
+    started: dict[str, list[float]] = {}
+
+    def work(_namespace: str, name: str) -> None:
+        started.setdefault(name, []).append(time.monotonic())
+        order.append(name)
+        ended[name] = time.monotonic()
+
+    queue = WorkQueue(work, workers=1, min_interval=0.4)
+    queue.add("ns", "a")
+    queue.start()
+    _wait_for(lambda: "a" in ended)
+    queue.add("ns", "a")                  # held back until 0.4 s after its reconcile
+    for name in ("b", "c", "d"):
+        queue.add("ns", name)
+    _wait_for(lambda: order.count("a") == 2)
+    queue.stop()
+    assert order == ["a", "b", "c", "d", "a"]
+    assert started["a"][1] - started["a"][0] >= 0.39
+    assert len(queue) == 0
+
+
+def test_many_held_back_keys_are_each_run_once_when_due():
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def work(_namespace: str, name: str) -> None:
+        with lock:
+            calls.append(name)
+
+    queue = WorkQueue(work, workers=8, min_interval=0.2)
+    queue.start()
+    names = [f"o{i}" for i in range(300)]
+    for name in names:
+        queue.add("ns", name)
+    _wait_for(lambda: len(calls) == 300)
+    for name in names:                    # each finished moments ago: all held back
+        queue.add("ns", name)
+        queue.add("ns", name)             # and a second trigger collapses into the first
+    _wait_for(lambda: len(calls) == 600)
+    time.sleep(0.3)                       # nothing more is due
+    queue.stop()
+    assert sorted(calls) == sorted(names * 2)
+
+
+def test_stop_ends_workers_waiting_for_a_held_back_key():
+    queue = WorkQueue(lambda _ns, _n: None, workers=3, min_interval=30)
+    queue.start()
+    queue.add("ns", "a")
+    _wait_for(lambda: len(queue) == 0)
+    time.sleep(0.05)
+    queue.add("ns", "a")                  # due in 30 s: one worker waits for it
+    queue.stop()
+    for thread in queue._threads:
+        thread.join(2)
+    assert not any(thread.is_alive() for thread in queue._threads)
