@@ -21,7 +21,6 @@ watches the InferenceDeployments (and runs peering, liveness, start-up and clean
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -29,6 +28,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from .kube import ApiError, KubeApi
 from .render.meta import LABEL_OWNER
@@ -251,7 +252,7 @@ class Informer:
             for line in lines(response.stream(amt=None, decode_content=False)):
                 if self._stop.is_set():
                     return
-                self._handle(json.loads(line))
+                self._handle(orjson.loads(line))
         finally:
             self._response = None
             response.release_conn()

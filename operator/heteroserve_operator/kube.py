@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import orjson
 from kubernetes import client as k8s
 from kubernetes.client import rest as k8s_rest
 from prometheus_client import CollectorRegistry, Counter
@@ -89,15 +90,15 @@ class KubeApi:
             auth_settings=["BearerToken"], collection_formats={}, _host=None,
             _request_auth=None)
         response = self.api.call_api(*params, _request_timeout=60)
-        response.read()
-        text = response.data.decode() if response.data else "{}"
+        data = response.read() or b"{}"
         if response.status >= 400:
+            text = data.decode(errors="replace")
             try:
                 message = json.loads(text).get("message", text)
             except ValueError:
                 message = text
             raise ApiError(response.status, message)
-        return json.loads(text) if text else {}
+        return orjson.loads(data)
 
     def _send(self, method: str, path: str, query: list[tuple[str, str]], accept: str,
               timeout: Any):
@@ -116,7 +117,7 @@ class KubeApi:
         response.read()
         if response.status >= 400:
             raise ApiError(response.status, (response.data or b"").decode()[:500])
-        return json.loads(response.data or b"{}")
+        return orjson.loads(response.data or b"{}")
 
     def open_stream(self, path: str, query: list[tuple[str, str]], accept: str,
                     read_timeout: float):
