@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
                       "by a paused peering replica", ["acted"], registry=registry)
     queue = WorkQueue(reconcile_if_active, settings.workers,
                       settings.min_reconcile_interval_seconds)
-    # status.decodeBindings, read from the decode engines' /metrics; importing binding_scraper
-    # registered its kopf handlers.
-    bindings = BindingScraper(kube, gate, registry,
-                              on_status_written=reconciler.status_written_elsewhere)
+    # status.decodeBindings, read from the decode engines' /metrics and written by the
+    # reconcile; importing binding_scraper registered its kopf handlers.
+    bindings = BindingScraper(kube, gate, registry, request_reconcile=queue.add)
+    reconciler.decode_bindings = bindings.entries_for
     from . import handlers  # noqa: F401 - registers the handlers with kopf
 
     kopf_settings = kopf.OperatorSettings()

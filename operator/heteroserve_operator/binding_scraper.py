@@ -1,4 +1,4 @@
-"""Learns what each decode engine bound from its /metrics and writes `status.decodeBindings`
+"""Learns what each decode engine bound from its /metrics, for `status.decodeBindings`
 (decode_bindings.py says what the entries mean). Apart from the reconcile, on kopf's event loop.
 
 - Watch-driven: the operator's pod and InferenceDeployment informers (informer.py) keep an
@@ -8,10 +8,13 @@
 - Each engine start is read once, when its container is ready: GET http://<pod IP>:<port>/metrics
   with a short total timeout, a bounded number at a time; a failure is retried with doubling
   back-off (`ScrapeSettings`), an answer never again until the container restarts.
-- A deployment's entries are written with a merge patch of the status subresource, only when they
-  differ from the live ones. The reconcile carries the field over unchanged (status.py); a
-  reconcile that raced a scraper write and put the old entries back shows up as an event, and
-  the scraper writes them again.
+- The scraper writes nothing itself: a deployment's entries that differ from the live ones are
+  published (`entries_for`) and the deployment is queued for a reconcile, whose status write
+  carries them (status.py), together with whatever else changed. A thousand new deployments
+  cost one status write each fewer than when the scraper patched the field on its own (its
+  entries usually land in the write that reports the pods ready), and there is one writer of
+  the status. A reconcile that ran before an entry was published is followed by the one the
+  publication queued.
 - On start (or a peering hand-over) the entries already in the status are adopted for the
   engine starts they name, so a restarted operator neither re-reads every engine nor writes.
 """
@@ -67,13 +70,11 @@ class ScrapeSettings:
     max_body_bytes: int = 4 * 2**20
     # Seconds the loop lets a burst of watch events gather before a pass.
     batch_seconds: float = 0.2
-    # Status writes at the same time (each waits for the apiserver, not for this process).
-    write_concurrency: int = 8
-    # Seconds before a failed status write (or a paused peering replica) looks again.
-    write_retry_seconds: float = 5.0
+    # Seconds before a failed pod listing (or a paused peering replica) looks again.
+    retry_pass_seconds: float = 5.0
     # Seconds the loop waits after start-up before its first pass, so that the informers' first
     # listings of pods and InferenceDeployments have arrived (a deployment seen before its pods
-    # costs one LIST of them; see _write_changed).
+    # costs one LIST of them; see _publish_changed).
     settle_seconds: float = 2.0
 
 
@@ -92,12 +93,11 @@ class BindingScraper:
     def __init__(self, kube: KubeApi, gate: PeeringGate, registry: CollectorRegistry | None = None,
                  settings: ScrapeSettings | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 on_status_written: Callable[[dict[str, Any] | None], None] | None = None):
+                 request_reconcile: Callable[[str, str], None] | None = None):
         self.kube, self.gate = kube, gate
-        # Told the object each status write produced: the reconciler then takes that write's
-        # watch event as its own echo (the write changed only this field, which a reconcile
-        # carries over), instead of reconciling the deployment again for nothing.
-        self.on_status_written = on_status_written
+        # Queues a deployment for a reconcile (the work queue's `add`, which any thread may
+        # call): its status write carries the entries published here.
+        self.request_reconcile = request_reconcile
         self.settings = settings or ScrapeSettings()
         self.transport = transport
         self.scrapes = Counter("heteroserve_operator_binding_scrapes",
@@ -114,12 +114,15 @@ class BindingScraper:
         # looks at these, not at every engine (a thousand learned engines cost nothing).
         self._unread: set[tuple[str, str]] = set()
         self.live: dict[OwnerKey, list[dict[str, Any]] | None] = {}  # seen deployments only
+        # The entries a reconcile writes, by deployment; replaced, never changed in place (the
+        # reconcile's worker threads read them).
+        self.published: dict[OwnerKey, list[dict[str, Any]]] = {}
         self.dirty: set[OwnerKey] = set()
         # The operator's pod informer (watches.py), once it runs: its synced cache answers the
         # check before a write instead of a LIST.
         self.caches: ChildCaches | None = None
         self._wake = asyncio.Event()
-        self._retry_writes_at = 0.0
+        self._retry_pass_at = 0.0
 
     # -- what the watches say (kopf's event loop) ------------------------------------------------
     def pod_event(self, pod: Mapping[str, Any], event_type: str | None) -> None:
@@ -184,6 +187,7 @@ class BindingScraper:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             self.live.pop(key, None)
+            self.published.pop(key, None)
             self.dirty.discard(key)
             return
         value = (body.get("status") or {}).get(FIELD)
@@ -192,6 +196,11 @@ class BindingScraper:
         self.live[key] = value
         self.dirty.add(key)
         self._wake.set()
+
+    def entries_for(self, namespace: str, name: str) -> list[dict[str, Any]] | None:
+        """The deployment's entries as learned (empty: none), or None when the scraper has
+        nothing to say of it yet (the reconcile then keeps the status's own). Any thread."""
+        return self.published.get((namespace, name))
 
     # -- the loop --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -214,7 +223,7 @@ class BindingScraper:
                     await self.step(client, limit)
                 except Exception:
                     log.exception("learning the decode engines' bindings failed; retrying")
-                    self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
+                    self._retry_pass_at = time.monotonic() + self.settings.retry_pass_seconds
 
     def _next_due(self) -> float:
         """When the loop has work next: dirty deployments at once, else the earliest retry; not
@@ -225,14 +234,14 @@ class BindingScraper:
             keys = (self.engines[where].key for where in self._unread)
             due = min((self.attempts[k].next_at for k in keys if k in self.attempts),
                       default=time.monotonic() + 3600.0)
-        return max(due, self._retry_writes_at)
+        return max(due, self._retry_pass_at)
 
     async def step(self, client: httpx.AsyncClient, limit: asyncio.Semaphore) -> None:
         """Reads what is due, writes what changed."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if not await loop.run_in_executor(None, self.gate.active):
-            self._retry_writes_at = now + self.settings.write_retry_seconds
+            self._retry_pass_at = now + self.settings.retry_pass_seconds
             return
         # Only a dirty deployment's engines can have something to adopt (a new engine, or
         # entries the status gained).
@@ -246,7 +255,7 @@ class BindingScraper:
             current = self.engines.get((engine.namespace, engine.pod))
             if current is not None and current.key == engine.key:   # the same engine start
                 self._record(engine, result)
-        await self._write_changed(loop)
+        await self._publish_changed(loop)
 
     def _adopt(self, engine: DecodeEngine) -> None:
         if engine.key and engine.key not in self.learned:
@@ -318,54 +327,42 @@ class BindingScraper:
             if engine is not None:
                 self._forget(engine.key)
 
-    async def _write_changed(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Writes each dirty deployment whose entries differ from the live ones, up to
-        `write_concurrency` at a time (one after the other, a thousand new deployments' writes
-        took longer than the deployments to converge). Before a write, one LIST of its pods
-        (from the apiserver's watch cache) checks the index: the pod and InferenceDeployment
-        watches deliver independently (at start-up, a deployment's listing may come before its
-        pods'), and entries written from half an index would be wrong. Once the pod informer
-        has listed, its cache is that check."""
+    async def _publish_changed(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Publishes each dirty deployment's entries and queues a reconcile of those whose
+        entries differ from the live ones. Before that, the pods the operator's informer holds
+        (or, until it has listed, one LIST of them from the apiserver's watch cache) check the
+        index: the pod and InferenceDeployment watches deliver independently (at start-up, a
+        deployment's listing may come before its pods'), and entries made from half an index
+        would be wrong."""
         owners = sorted(self.dirty)
         self.dirty.difference_update(owners)
-        limit = asyncio.Semaphore(self.settings.write_concurrency)
+        for owner in owners:
+            await self._publish_one(loop, owner)
 
-        async def write(owner: OwnerKey) -> None:
-            async with limit:
-                await self._write_one(loop, owner)
-
-        await asyncio.gather(*(write(owner) for owner in owners))
-
-    async def _write_one(self, loop: asyncio.AbstractEventLoop, owner: OwnerKey) -> None:
+    async def _publish_one(self, loop: asyncio.AbstractEventLoop, owner: OwnerKey) -> None:
         if owner not in self.live:
             return   # not seen yet: its first event marks it again
-        if self._wanted(owner) == (self.live[owner] or []):
-            return
-        namespace, name = owner
-        try:
-            pods = self.caches.owned("Pod", namespace, name) if self.caches else None
-            if pods is None:
-                pods = await loop.run_in_executor(None, self.kube.pods, namespace,
-                                                  f"{LABEL_OWNER}={name}")
+        wanted = self._wanted(owner)
+        if wanted != (self.live[owner] or []):
+            namespace, name = owner
+            try:
+                pods = self.caches.owned("Pod", namespace, name) if self.caches else None
+                if pods is None:
+                    pods = await loop.run_in_executor(None, self.kube.pods, namespace,
+                                                      f"{LABEL_OWNER}={name}")
+            except ApiError as error:
+                log.warning("%s/%s: cannot list the pods for %s: %s", namespace, name, FIELD,
+                            error)
+                self.dirty.add(owner)
+                self._retry_pass_at = time.monotonic() + self.settings.retry_pass_seconds
+                return
             self._replace_engines(owner, pods)
             wanted = self._wanted(owner)
-            if wanted == (self.live.get(owner) or []):
-                return
-            written = await loop.run_in_executor(None, self.kube.patch_status, namespace,
-                                                 name, {FIELD: wanted or None})
-            if self.on_status_written is not None:
-                self.on_status_written(written)
-        except ApiError as error:
-            if error.status == 404:
-                self.live.pop(owner, None)
-                return
-            log.warning("%s/%s: cannot write %s: %s", namespace, name, FIELD, error)
-            self.dirty.add(owner)
-            self._retry_writes_at = time.monotonic() + self.settings.write_retry_seconds
-            return
-        # What the write made of it; the watch event that follows confirms it.
-        self.live[owner] = wanted or None
-        self._wake.set()   # engines the LIST added may be due for a read
+            self._wake.set()   # engines the listing added may be due for a read
+        if self.published.get(owner) != wanted:
+            self.published[owner] = wanted
+        if wanted != (self.live.get(owner) or []) and self.request_reconcile is not None:
+            self.request_reconcile(*owner)
 
 
 # -- kopf wiring (the scraper arrives through kopf's memo, built in __main__) ---------------------

@@ -36,6 +36,7 @@ import secrets
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,9 @@ class Reconciler:
         # The watch-fed caches of the children (informer.py), set once they run; None: every
         # read goes to the API.
         self.caches: ChildCaches | None = None
+        # The binding scraper's published `decodeBindings` entries (binding_scraper.py's
+        # `entries_for`), set by __main__; None: the status's own are carried over.
+        self.decode_bindings: Callable[[str, str], list[dict[str, Any]] | None] | None = None
         # The InferenceDeployments as last seen: the operator's watch of them (watches.py keeps
         # them here) and this operator's own status writes, whichever is later (a reconcile
         # must not start from a status older than its own last write: it would repeat that
@@ -175,12 +179,6 @@ class Reconciler:
     def is_own_write(self, kind: str, namespace: str, name: str, version: str | None) -> bool:
         """True when (kind, namespace, name) at `version` is what this operator last wrote."""
         return version is not None and self._own_versions.get((kind, namespace, name)) == version
-
-    def status_written_elsewhere(self, written: dict[str, Any] | None) -> None:
-        """A status write of an InferenceDeployment by another part of this operator (the
-        binding scraper's `decodeBindings`, which a reconcile carries over unchanged): its watch
-        event is an echo that needs no reconcile."""
-        self._wrote(KIND, written)
 
     def saw(self, kind: str, namespace: str, name: str, version: str | None) -> None:
         """A watch event of a child (`version` None: deleted)."""
@@ -295,16 +293,25 @@ class Reconciler:
         else:
             observed = self._observe(owner, spec, facts, deployments, read_all)
         status = compute_status(spec, generation, previous, now, endpoint=rendered.endpoint,
-                                placement=rendered.placement, observed=observed)
+                                placement=rendered.placement, observed=observed,
+                                decode_bindings=self._decode_bindings(body))
         written = self._write_status(body, previous, status)
         return Outcome(tuple(applied), tuple(pruned), written)
 
     def _fail(self, body, previous, generation, now, reason, message) -> Outcome:
         log.warning("%s/%s: %s: %s", body["metadata"]["namespace"], body["metadata"]["name"],
                     reason, message)
-        status = compute_status(None, generation, previous, now, error=(reason, message))
+        status = compute_status(None, generation, previous, now, error=(reason, message),
+                                decode_bindings=self._decode_bindings(body))
         written = self._write_status(body, previous, status)
         return Outcome(status_written=written, error=f"{reason}: {message}")
+
+    def _decode_bindings(self, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The binding scraper's entries for this deployment (None: none, or no scraper)."""
+        if self.decode_bindings is None:
+            return None
+        meta = body["metadata"]
+        return self.decode_bindings(meta["namespace"], meta["name"])
 
     def _write_status(self, body, previous: dict[str, Any], status: dict[str, Any]) -> bool:
         comparable = {k: v for k, v in previous.items() if k in status}

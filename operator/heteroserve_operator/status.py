@@ -166,9 +166,11 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
                    previous: dict[str, Any], now: str, *, endpoint: str | None = None,
                    placement: DecodePlacement | None = None,
                    observed: Observed | None = None,
-                   error: tuple[str, str] | None = None) -> dict[str, Any]:
+                   error: tuple[str, str] | None = None,
+                   decode_bindings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The new status. `error` is (reason, message) when reconciling failed; then the tier
-    conditions keep their previous values and Degraded/Ready say why."""
+    conditions keep their previous values and Degraded/Ready say why. `decode_bindings`: the
+    binding scraper's entries (None: it has none for this deployment yet)."""
     old = {c["type"]: c for c in previous.get("conditions", [])}
     conditions: list[dict[str, Any]] = []
     status: dict[str, Any] = {"observedGeneration": generation}
@@ -244,10 +246,13 @@ def compute_status(spec: InferenceDeploymentSpec | None, generation: int,
         for key in ("endpoint", "prefill", "decode", "numaPlans"):
             if key in previous:
                 status[key] = previous[key]
-    # Written by binding_scraper.py, never here: carried over as it is, so that this status
-    # neither removes it nor counts it as a change.
-    if DECODE_BINDINGS in previous:
-        status[DECODE_BINDINGS] = previous[DECODE_BINDINGS]
+    # Learned by binding_scraper.py: its entries when it has published some for this deployment
+    # (none: the field goes), else the status's own, carried over as they are.
+    if decode_bindings is None:
+        if DECODE_BINDINGS in previous:
+            status[DECODE_BINDINGS] = previous[DECODE_BINDINGS]
+    elif decode_bindings:
+        status[DECODE_BINDINGS] = decode_bindings
     for condition in conditions:
         before = old.get(condition["type"])
         same = before is not None and before.get("status") == condition["status"]

@@ -92,8 +92,8 @@ def owner_event(reconciler: Reconciler, queue: WorkQueue, bindings: BindingScrap
         if event_type == "DELETED" or meta.get("deletionTimestamp"):
             reconciler.forget(KIND, namespace, name)
             return  # owner references let the garbage collector remove the children
-        # An echo of this operator's own status write (a reconcile's, or the binding
-        # scraper's) needs no reconcile, unless the spec moved past what the status observed:
+        # An echo of this operator's own status write (its reconciles are the one writer of
+        # the status) needs no reconcile, unless the spec moved past what the status observed:
         # after a watch reconnect, the one event delivered for an object may be a write that
         # followed an edit.
         if reconciler.is_own_write(KIND, namespace, name, meta.get("resourceVersion")) \

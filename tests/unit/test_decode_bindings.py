@@ -24,7 +24,7 @@ from heteroserve_operator.decode_bindings import (
     retry_delay,
 )
 from heteroserve_operator.kube import ApiError
-from heteroserve_operator.reconcile import Reconciler, cluster_facts
+from heteroserve_operator.reconcile import cluster_facts
 from heteroserve_operator.render.children import render
 from heteroserve_operator.render.meta import Owner
 from heteroserve_operator.status import compute_status
@@ -149,6 +149,17 @@ def test_the_reconcile_status_carries_decode_bindings_over():
     assert "decodeBindings" not in compute_status(None, 3, {}, "now", error=("InvalidSpec", "x"))
 
 
+def test_the_reconcile_status_writes_the_scrapers_published_entries():
+    """The scraper's entries replace the status's own; none published removes the field."""
+    old = [{"pod": "p", "node": "n", "state": "Unknown"}]
+    new = [{"pod": "p", "node": "n", "state": "NotReported", "engineStartedAt": STARTED}]
+    status = compute_status(None, 3, {"decodeBindings": old}, "now", error=("X", "y"),
+                            decode_bindings=new)
+    assert status["decodeBindings"] == new
+    assert "decodeBindings" not in compute_status(
+        None, 3, {"decodeBindings": old}, "now", error=("X", "y"), decode_bindings=[])
+
+
 # -- the scraper ------------------------------------------------------------------------------
 class FakeKube:
     """patch_status applied as a merge patch of the status (enough for one list field)."""
@@ -162,13 +173,13 @@ class FakeKube:
 
     def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         assert (namespace, selector) == ("ns", "heteroserve.io/inference-deployment=llm")
+        if self.fail_with:
+            raise self.fail_with
         self.lists += 1
         return self.pod_list
 
     def patch_status(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         assert (namespace, name) == OWNER
-        if self.fail_with:
-            raise self.fail_with
         self.patches.append(patch)
         for key, value in patch.items():
             if value is None:
@@ -209,12 +220,23 @@ class Engines:
 
 
 class Rig:
+    """The scraper, with the part of a reconcile it relies on: a reconcile it asks for writes
+    the entries it published (status.py's decode_bindings) when they differ from the status."""
+
     def __init__(self, settings: ScrapeSettings | None = None):
         self.kube, self.gate, self.engines = FakeKube(), Gate(), Engines()
-        self.written: list[dict[str, Any] | None] = []
+        self.requested: list[tuple[str, str]] = []
         self.scraper = BindingScraper(self.kube, self.gate, settings=settings,
                                       transport=httpx.MockTransport(self.engines),
-                                      on_status_written=self.written.append)
+                                      request_reconcile=self.reconcile)
+
+    def reconcile(self, namespace: str, name: str) -> None:
+        self.requested.append((namespace, name))
+        status = compute_status(None, 1, dict(self.kube.status), "now", error=("X", "y"),
+                                decode_bindings=self.scraper.entries_for(namespace, name))
+        if status.get("decodeBindings") != self.kube.status.get("decodeBindings"):
+            self.kube.patch_status(namespace, name,
+                                   {"decodeBindings": status.get("decodeBindings")})
 
     def pods(self, *pods: dict[str, Any], list_too: bool = True) -> None:
         for p in pods:
@@ -347,9 +369,10 @@ def test_a_deployment_seen_before_its_pods_is_not_written_from_half_an_index():
     assert rig.kube.patches == [] and rig.kube.lists == 1
 
 
-def test_an_undone_write_is_made_again():
-    """A reconcile that read the status before the scraper's write puts the old entries back
-    (status.py carries them over); the event of that write shows it, and the scraper repairs."""
+def test_entries_changed_elsewhere_are_written_again():
+    """Entries that another writer changed (a hand edit of the status, an older operator
+    replica) are seen in the deployment's event; the scraper asks for a reconcile, which writes
+    its entries again."""
     rig = Rig()
     rig.owner()
     rig.engines.answers[URL] = (200, report())
@@ -376,8 +399,8 @@ def test_a_paused_replica_reads_and_writes_nothing():
     assert rig.kube.status["decodeBindings"][0]["state"] == "Reported"
 
 
-@pytest.mark.parametrize("status", [409, 500])
-def test_a_failed_write_is_retried(status):
+@pytest.mark.parametrize("status", [429, 500])
+def test_a_failed_listing_of_the_pods_is_retried_and_nothing_is_published_meanwhile(status):
     rig = Rig()
     rig.owner()
     rig.engines.answers[URL] = (200, report())
@@ -385,10 +408,11 @@ def test_a_failed_write_is_retried(status):
     rig.kube.fail_with = ApiError(status, "no")
     rig.step()
     assert rig.scraper.dirty == {OWNER}
+    assert rig.scraper.entries_for(*OWNER) is None and rig.requested == []
     rig.kube.fail_with = None
     rig.step()
     assert rig.kube.status["decodeBindings"][0]["state"] == "Reported"
-    assert rig.engines.requests == [URL]
+    assert rig.engines.requests == [URL] and rig.requested == [OWNER]
 
 
 def test_the_loop_wakes_for_events_and_for_retries():
@@ -422,64 +446,50 @@ def test_the_loop_wakes_for_events_and_for_retries():
     asyncio.run(scenario())
 
 
-def test_each_status_write_is_handed_on_so_its_echo_queues_no_reconcile():
-    """The scraper's write changes only decodeBindings, which a reconcile carries over: the
-    operator's reconciler is told the write's resourceVersion and takes its watch event as its
-    own echo (watches.owner_event then queues nothing)."""
+def test_the_scraper_writes_nothing_itself_and_asks_for_a_reconcile_only_on_a_change():
+    """Its entries are written by the reconcile it queues (one writer of the status; a new
+    deployment's entries usually ride in the write that reports its pods ready). The scraper
+    has nothing to say of a deployment it has not seen (the reconcile keeps the status's own)."""
     rig = Rig()
-    reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
-
-    def handed_on(written):
-        rig.written.append(written)
-        reconciler.status_written_elsewhere(written)
-
-    rig.scraper.on_status_written = handed_on
+    assert rig.scraper.entries_for(*OWNER) is None
+    asked: list[tuple[str, str]] = []
+    rig.scraper.request_reconcile = lambda namespace, name: asked.append((namespace, name))
     rig.owner()
     rig.pods(pod(ready=False))
     rig.step()
-    assert len(rig.kube.patches) == 1 and len(rig.written) == 1
-    version = rig.written[0]["metadata"]["resourceVersion"]
-    assert reconciler.is_own_write("InferenceDeployment", "ns", "llm", version)
-    assert not reconciler.is_own_write("InferenceDeployment", "ns", "llm", "99")
-    # Nothing written, nothing handed on.
+    assert asked == [OWNER] and rig.kube.patches == []
+    assert rig.scraper.entries_for(*OWNER) == [
+        {"pod": "llm-decode-a", "node": "n1", "state": "Unknown"}]
+    # Once the status has them (the reconcile's write, seen in its event), events ask nothing.
+    rig.kube.status["decodeBindings"] = rig.scraper.entries_for(*OWNER)
     rig.owner()
+    rig.pods(pod(ready=False, ip="10.0.0.7"))
     rig.step()
-    assert len(rig.kube.patches) == 1 and len(rig.written) == 1
+    assert asked == [OWNER] and rig.kube.patches == []
+    # A change asks again.
+    rig.scraper.pod_event(pod(ready=False), "DELETED")
+    rig.kube.pod_list = []
+    rig.step()
+    assert asked == [OWNER, OWNER] and rig.scraper.entries_for(*OWNER) == []
 
 
-def test_many_deployments_are_written_several_at_a_time_and_a_failure_is_retried():
-    """A thousand new deployments' entries written one after the other took longer than the
-    deployments took to converge (the operator was still writing while idle): writes overlap,
-    at most `write_concurrency` at once; a failed one is marked for the retry, the others
-    land."""
-    import threading
-    import time
+def test_many_deployments_are_published_in_one_pass():
+    """A thousand new deployments: one pass publishes every dirty deployment's entries and
+    queues each once, with no write and no listing (the pod cache answers)."""
 
-    class SlowKube:
-        def __init__(self):
-            self.lock, self.inflight, self.peak = threading.Lock(), 0, 0
-            self.written: list[str] = []
+    class Caches:
+        def owned(self, kind, namespace, name):
+            return [pod(f"{name}-decode-a", owner=name, ready=False)]
 
-        def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-            owner = selector.split("=", 1)[1]
-            return [pod(f"{owner}-decode-a", owner=owner, ready=False)]
+    class NoApi:
+        def __getattr__(self, name):
+            raise AssertionError(f"the scraper called the API: {name}")
 
-        def patch_status(self, namespace, name, patch):
-            with self.lock:
-                self.inflight += 1
-                self.peak = max(self.peak, self.inflight)
-            time.sleep(0.05)
-            with self.lock:
-                self.inflight -= 1
-            if name == "d3":
-                raise ApiError(500, "etcd timeout")
-            self.written.append(name)
-            return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
-
-    kube = SlowKube()
-    scraper = BindingScraper(kube, Gate(), settings=ScrapeSettings(write_concurrency=4),  # type: ignore[arg-type]
-                             transport=httpx.MockTransport(Engines()))
-    names = [f"d{i}" for i in range(12)]
+    asked: list[tuple[str, str]] = []
+    scraper = BindingScraper(NoApi(), Gate(), transport=httpx.MockTransport(Engines()),  # type: ignore[arg-type]
+                             request_reconcile=lambda ns, n: asked.append((ns, n)))
+    scraper.caches = Caches()  # type: ignore[assignment]
+    names = [f"d{i}" for i in range(50)]
     for name in names:
         scraper.owner_event({"metadata": {"namespace": "ns", "name": name}, "status": {}},
                             "ADDED")
@@ -489,12 +499,10 @@ def test_many_deployments_are_written_several_at_a_time_and_a_failure_is_retried
         async with httpx.AsyncClient(transport=scraper.transport) as client:
             await scraper.step(client, asyncio.Semaphore(4))
 
-    started = time.monotonic()
     asyncio.run(once())
-    assert 1 < kube.peak <= 4
-    assert time.monotonic() - started < 12 * 0.05   # overlapped, not one after the other
-    assert sorted(kube.written) == sorted(n for n in names if n != "d3")
-    assert scraper.dirty == {("ns", "d3")}
+    assert sorted(asked) == sorted(("ns", n) for n in names)
+    assert all(scraper.entries_for("ns", n)[0]["pod"] == f"{n}-decode-a" for n in names)
+    assert not scraper.dirty
 
 
 def test_each_deployments_engines_are_indexed_through_moves_and_deletions():

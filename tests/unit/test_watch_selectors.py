@@ -121,8 +121,8 @@ def test_an_own_write_echo_queues_nothing_unless_the_spec_moved_past_the_status(
     status write that followed a spec edit: that echo must still queue a reconcile. Every
     event reaches the binding scraper; a deletion queues nothing."""
     reconciler = Reconciler(kube=None)  # type: ignore[arg-type]
-    reconciler.status_written_elsewhere({"metadata": {"namespace": "ns", "name": "llm",
-                                                      "resourceVersion": "7"}})
+    reconciler._wrote("InferenceDeployment", {"metadata": {"namespace": "ns", "name": "llm",
+                                                           "resourceVersion": "7"}})
     queue, loop = _Queue(), _Loop()
     bindings = SimpleNamespace(owner_event=lambda body, kind: None)
     on_event = owner_event(reconciler, queue, bindings, loop)  # type: ignore[arg-type]
