@@ -452,7 +452,8 @@ def report(args, phases: list[Phase]) -> None:
     rows.append(row("CPU seconds of all of them while converging",
                     lambda p: f"{sum(p.cpu.values()):.0f}"))
     print(f"\n{args.objects} InferenceDeployments on {args.nodes} fake nodes; phases in the "
-          f"order shown, one cluster\n")
+          f"order shown, {'each on a fresh cluster' if args.fresh_cluster else 'one cluster'}"
+          "\n")
     print("| measure | " + " | ".join(p.label for p in phases) + " |")
     print("|---|" + "---|" * len(phases))
     for label, values in rows[1:]:
@@ -487,23 +488,32 @@ def main() -> int:
     parser.add_argument("--py-spy", metavar="FILE", default=None,
                         help="record the (first) operator with py-spy (raw/collapsed stacks) "
                         "while it converges")
+    parser.add_argument("--fresh-cluster", action="store_true",
+                        help="run each phase on a control plane of its own, started for it "
+                        "(the same nodes), instead of one after the other in one cluster: on "
+                        "one cluster the later phases ran slower whatever ran in them")
     args = parser.parse_args()
     # A SIGTERM (timeout, kill) unwinds through `finally`, which stops the cluster.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ensure_binaries()
     workdir = Path(tempfile.mkdtemp(prefix="heteroserve-bench-"))
-    plane = ControlPlane(workdir / "cluster", log=lambda m: print(m, file=sys.stderr),
-                         nodes=bench_nodes(args.nodes))
-    started = time.monotonic()
-    plane.start()
-    print(f"cluster with {args.nodes} nodes up in {time.monotonic() - started:.0f} s",
-          file=sys.stderr)
-    try:
+
+    def start_plane(name: str) -> tuple[ControlPlane, dict[str, int]]:
+        plane = ControlPlane(workdir / name, log=lambda m: print(m, file=sys.stderr),
+                             nodes=bench_nodes(args.nodes))
+        started = time.monotonic()
+        plane.start()
+        print(f"cluster with {args.nodes} nodes up in {time.monotonic() - started:.0f} s",
+              file=sys.stderr)
         plane.kubectl("apply", "--server-side", "-f",
                       str(REPO / "crds" / "heteroserve.io_inferencedeployments.yaml"))
         plane.kubectl("wait", "--for=condition=Established",
                       "crd/inferencedeployments.heteroserve.io")
-        pids = {name: pid for pid, name in recorded_pids(plane.workdir)}
+        return plane, {name: pid for pid, name in recorded_pids(plane.workdir)}
+
+    plane: ControlPlane | None = None
+    try:
+        plane, pids = start_plane("cluster")
         order: list[tuple[str, str | None]] = [("floor", None), ("operator", None)]
         if args.order == "operator-first":
             order.reverse()
@@ -512,6 +522,10 @@ def main() -> int:
             order.append((label, str(Path(path).resolve())))
         phases = []
         for index, (label, path) in enumerate(order):
+            if args.fresh_cluster and index > 0:
+                plane.stop()
+                plane = None
+                plane, pids = start_plane(f"cluster-{index}")
             namespace = f"bench-{index}"
             plane.kubectl("create", "namespace", namespace)
             print(f"{label} phase in namespace {namespace}", file=sys.stderr)
@@ -522,12 +536,13 @@ def main() -> int:
                                        args.py_spy if index <= 1 else None)
             phases.append(phase)
             print(f"{label} phase took {phase.seconds:.0f} s", file=sys.stderr)
-            if index < len(order) - 1:
+            if index < len(order) - 1 and not args.fresh_cluster:
                 gone = delete_namespace(plane, namespace, args.timeout)
                 print(f"namespace {namespace} deleted in {gone:.0f} s", file=sys.stderr)
         report(args, phases)
     finally:
-        plane.stop()
+        if plane is not None:
+            plane.stop()
     return 0
 
 
