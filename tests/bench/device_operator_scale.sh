@@ -9,7 +9,9 @@
 #   call 2 carries .devcarry/cp2 (kube-scheduler.xz, kwok.xz, kubectl.xz, the kwok-stages folder,
 #          and in wheels/ the rest of the wheels: cryptography, cffi, pycparser)
 #          and runs
-#          `device_operator_scale.sh run [operator_scale arguments]`, writing $OUT/operator-scale.txt.
+#          `device_operator_scale.sh run [operator_scale arguments]`, writing $OUT/operator-scale.txt
+#          (docs/benchmarks.md's fourth round: `run --objects 1000 --nodes 100 --idle-seconds 30
+#          --resync-seconds 45 --fresh-cluster [--also-operator prev=DIR]`).
 set -euo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"

@@ -20,7 +20,11 @@ Between them the floor's namespace is deleted and waited for, so that both phase
 nodes. The floor's latency of an object is counted from the start of its phase (all the work is
 handed over at once); the operator's from its create call (as users see it), and also from the
 start of its phase (the stricter figure). `--order operator-first` swaps the phases, to check that
-the order does not decide the ratio.
+the order does not decide the ratio; `--fresh-cluster` runs each phase on a control plane of its
+own (on one cluster the later phases ran slower whatever ran in them). Keep the resync out of
+the converging phase (`--resync-seconds` above the phase's length, `--idle-seconds` reaching
+past it: e.g. 45 and 30 for the 1,000-object run): a resync in the middle of convergence reads
+every object's children once more (the product's resync is 5 minutes).
 
 Printed: the floor and the operator's time to Ready (p50/p99), the ratio p99/floor, the
 operator's API writes, reads and reconciles per object while converging, its writes and
