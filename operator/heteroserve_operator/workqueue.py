@@ -12,7 +12,7 @@ worker reconciles it is marked dirty and queued again when that reconcile ends. 
 adding a key cost O(log n) and wake one worker, whatever the number of keys waiting: the
 earlier version scanned every waiting key on each take and woke every worker on each finished
 reconcile, about a millisecond of CPU per reconcile with a thousand keys waiting
-(tests/unit/test_workqueue.py has the measurement's shape, docs/benchmarks.md the figures).
+(tests/bench/workqueue_cpu.py measures it; docs/benchmarks.md has the figures).
 """
 
 from __future__ import annotations
