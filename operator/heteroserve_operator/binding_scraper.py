@@ -241,6 +241,10 @@ class BindingScraper:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if not await loop.run_in_executor(None, self.gate.active):
+            # Paused (another replica writes): what was published may go stale meanwhile. The
+            # reconciles of a replica made active again carry the status's own entries until
+            # a pass publishes afresh.
+            self.published.clear()
             self._retry_pass_at = now + self.settings.retry_pass_seconds
             return
         # Only a dirty deployment's engines can have something to adopt (a new engine, or

@@ -397,6 +397,12 @@ def test_a_paused_replica_reads_and_writes_nothing():
     rig.gate.open = True
     rig.step()
     assert rig.kube.status["decodeBindings"][0]["state"] == "Reported"
+    # Paused again (another replica took over): nothing it published earlier is handed to a
+    # reconcile any more; the status's own entries are carried until it publishes afresh.
+    assert rig.scraper.entries_for(*OWNER) is not None
+    rig.gate.open = False
+    rig.step()
+    assert rig.scraper.entries_for(*OWNER) is None
 
 
 @pytest.mark.parametrize("status", [429, 500])
