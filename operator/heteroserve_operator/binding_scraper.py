@@ -252,8 +252,8 @@ class BindingScraper:
         for owner in list(self.dirty):
             for where in list(self._owned.get(owner, ())):
                 self._adopt(self.engines[where])
-        due = [self.engines[where] for where in self._unread]
-        due = [e for e in due if self.attempts.get(e.key, _Attempts()).next_at <= now]
+        due = [e for e in map(self.engines.__getitem__, self._unread)
+               if self.attempts.get(e.key, _Attempts()).next_at <= now]
         results = await asyncio.gather(*(self._read(client, limit, e) for e in due))
         for engine, result in zip(due, results, strict=True):
             current = self.engines.get((engine.namespace, engine.pod))
@@ -363,8 +363,7 @@ class BindingScraper:
             self._replace_engines(owner, pods)
             wanted = self._wanted(owner)
             self._wake.set()   # engines the listing added may be due for a read
-        if self.published.get(owner) != wanted:
-            self.published[owner] = wanted
+        self.published[owner] = wanted
         if wanted != (self.live.get(owner) or []) and self.request_reconcile is not None:
             self.request_reconcile(*owner)
 

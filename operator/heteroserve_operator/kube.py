@@ -8,7 +8,6 @@ status subresource, and Events; each is counted (`heteroserve_operator_api_write
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -97,48 +96,50 @@ class KubeApi:
                 body: Any = None, content_type: str = "application/json") -> dict[str, Any]:
         """One request through the client's connection pool, its body encoded by orjson.
         kubernetes' ApiClient (param_serialize, call_api) walked every body to sanitise it and
-        encoded it with the standard library: a fifth of each write's CPU, and writes are most
-        of the operator's (docs/benchmarks.md, operator scale)."""
-        headers = self._headers("application/json")
+        encoded it with the standard library (tests/bench/kube_request_cpu.py measures both
+        paths; writes are most of the operator's CPU, docs/benchmarks.md, operator scale)."""
+        response = self._send(method, path, query, "application/json", 60,
+                              body=body, content_type=content_type)
+        return self._answer(response)
+
+    def _send(self, method: str, path: str, query: list[tuple[str, str]] | None, accept: str,
+              timeout: float | tuple[float, float], body: Any = None,
+              content_type: str = "application/json"):
+        """urllib3's response, its body not read (a WATCH's caller streams it). `timeout`: in
+        all, or (connect, read)."""
+        headers = self._headers(accept)
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = orjson.dumps(body)
-        response = self.api.rest_client.pool_manager.request(
-            method, self._url(path, query), body=data, headers=headers,
-            timeout=urllib3.Timeout(total=60))
-        payload = response.data or b"{}"
-        if response.status >= 400:
-            text = payload.decode(errors="replace")
-            try:
-                message = json.loads(text).get("message", text)
-            except ValueError:
-                message = text
-            raise ApiError(response.status, message)
-        return orjson.loads(payload)
-
-    def _send(self, method: str, path: str, query: list[tuple[str, str]], accept: str,
-              timeout: Any):
-        """A request whose body the caller reads (a LIST, a WATCH's stream)."""
-        connect, read = timeout if isinstance(timeout, tuple) else (None, None)
         return self.api.rest_client.pool_manager.request(
-            method, self._url(path, query), headers=self._headers(accept),
-            timeout=(urllib3.Timeout(total=timeout) if connect is None
-                     else urllib3.Timeout(connect=connect, read=read)),
+            method, self._url(path, query), body=data, headers=headers,
+            timeout=(urllib3.Timeout(connect=timeout[0], read=timeout[1])
+                     if isinstance(timeout, tuple) else urllib3.Timeout(total=timeout)),
             preload_content=False)
+
+    @staticmethod
+    def _answer(response) -> dict[str, Any]:
+        """The decoded body of a response, the connection back in the pool; ApiError (with the
+        apiserver's message when it sent a Status) for an error status."""
+        try:
+            data = response.read() or b"{}"
+        finally:
+            response.release_conn()
+        if response.status >= 400:
+            text = data.decode(errors="replace")
+            try:
+                message = orjson.loads(data).get("message", text)
+            except (ValueError, AttributeError):
+                message = text
+            raise ApiError(response.status, message[:1000])
+        return orjson.loads(data)
 
     def list_raw(self, kind: str, path: str, query: list[tuple[str, str]],
                  accept: str = "application/json") -> dict[str, Any]:
         """A LIST with a chosen representation (an informer's metadata-only listing)."""
         self.reads.labels(kind).inc()
-        response = self._send("GET", path, query, accept, 60)
-        try:
-            data = response.read()
-        finally:
-            response.release_conn()
-        if response.status >= 400:
-            raise ApiError(response.status, (data or b"").decode()[:500])
-        return orjson.loads(data or b"{}")
+        return self._answer(self._send("GET", path, query, accept, 60))
 
     def open_stream(self, path: str, query: list[tuple[str, str]], accept: str,
                     read_timeout: float):
@@ -146,15 +147,7 @@ class KubeApi:
         it and releases the connection)."""
         response = self._send("GET", path, query, accept, (10, read_timeout))
         if response.status >= 400:
-            try:
-                text = (response.read() or b"").decode(errors="replace")
-            finally:
-                response.release_conn()
-            try:
-                message = json.loads(text).get("message", text)
-            except ValueError:
-                message = text
-            raise ApiError(response.status, message)
+            self._answer(response)   # raises
         return response
 
     def _read(self, kind: str, path: str, query: list[tuple[str, str]] | None = None) -> dict:
