@@ -1,8 +1,10 @@
 """CPU engine vs llama.cpp's own C++ tools, side by side (a script, not a test).
 
     .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp --llama-bin DIR [--threads N]
-        [--models smollm2:q4_0,smollm2:q8_0,1.1b:q4_0] [--pairs 3] [--tokenizer JSON]
+        [--ik-llama-bin DIR] [--models smollm2:q4_0,smollm2:q8_0,1.1b:q4_0] [--pairs 3]
+        [--tokenizer JSON]
     .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp --build-llama SRC --llama-build DIR
+    .venv/bin/python -m tests.bench.cpu_engine_vs_llamacpp --build-ik-llama SRC --ik-llama-build DIR
 
 The peer is llama.cpp's own benchmark programs, built from source with the machine's full native
 ISA (`--build-llama`: `-march=native`, AMX compiled in and used wherever the kernel grants it; a
@@ -12,14 +14,36 @@ rebuilt with `-mno-amx-*`): `llama-bench` for prefill (pp) and batch-1 decode (t
 same work through its C engine (`heteroserve_cpu`), each step's next token chosen greedily in C
 as its server does (llama.cpp's tools feed random tokens and sample nothing).
 
+A second peer, optional (`--ik-llama-bin`): ik_llama.cpp (github.com/ikawrakow/ik_llama.cpp, a
+fork with its own CPU kernels and no AMX path), the same two programs built natively from its
+source (`--build-ik-llama`; the pruned copy carried as .ik-llama-src names its commit in COMMIT)
+and run with run-time repacking (llama-bench `-rtr 1 -mmp 0`, llama-batched-bench `-rtr
+--no-mmap`: weights repacked into anonymous memory, no mmap), each tool's other defaults as they
+are (ik_llama.cpp's flash attention on, llama.cpp's `auto`). Its llama-batched-bench has no
+jsonl output: its table is read. With it each pair becomes a triple (llama.cpp, ik_llama.cpp,
+heteroserve, alternating processes), the table has an ik_llama.cpp row, and the ratio row is
+heteroserve against the better peer of each cell (the higher rate; for memory the smaller), the
+peer named in the cell ("vs ik", "vs llama.cpp").
+
+What is timed (SETTINGS): prefill at two prompt lengths, 256 and 2048 tokens (llama-bench
+`-p 256,2048`; heteroserve prefills each in one call, which the engine splits into sub-steps
+itself, after one warm-up prefill of 256), batch-1 decode, and 8 and 16 sequences of a short
+prompt decoded together. The KV cache is the same size for all (kv_positions): enough for 16
+sequences of the batched runs and for sequence 0 alone to hold the 2048-token prompt. It is
+llama-batched-bench's `-c`; heteroserve, which runs everything in one process, allocates exactly
+as many positions, sequence 0's block table spanning all of them and each other sequence owning
+1/16 (so the long prefill and the batched runs take turns on the same memory, as llama.cpp's two
+processes do); llama-bench sizes its own context per test (at most the 2048 prompt + 0).
+
 Fairness rules (issue 12):
-- one process per measurement, the two engines alternating across processes, A B A B ...
-  (llama.cpp first), `--pairs` pairs per model; each figure is the median over its pairs, each
-  ratio the ratio of the medians with the range of the per-pair ratios beside it;
-- the same huge-page policy for both: where transparent huge pages are `always`, both get them;
-  otherwise (`madvise`, which llama.cpp never asks for) heteroserve runs with
-  HETEROSERVE_HUGEPAGES=0, so both run on 4 KiB pages; the AnonHugePages each process held is
-  printed to show it;
+- one process per measurement, the engines alternating across processes, A B A B ... (A B C
+  with ik_llama.cpp; llama.cpp first), `--pairs` pairs (triples) per model; each figure is the
+  median over its pairs, each ratio the ratio of the medians with the range of the per-pair
+  ratios beside it;
+- the same huge-page policy for all: where transparent huge pages are `always`, all get them;
+  otherwise (`madvise`, which llama.cpp never asks for, nor ik_llama.cpp without its `-thp`)
+  heteroserve runs with HETEROSERVE_HUGEPAGES=0, so all run on 4 KiB pages; the AnonHugePages
+  each process held is printed to show it;
 - memory is compared as anonymous memory (peak RssAnon, sampled from /proc every 0.1 s):
   llama.cpp loads its weights with `-lm none` (no mmap: the weights are read into its own memory,
   as heteroserve's are), so neither figure hides a file mapping;
@@ -45,6 +69,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -54,9 +79,14 @@ CACHE = Path(os.environ.get("HETEROSERVE_CACHE", Path.home() / ".cache" / "heter
 # (prompt tokens for prefill, batch-1 decode tokens, prompt tokens per sequence and decode steps
 # of the 8/16-sequence runs): the same for both engines; lighter for the 8B shape (it is 30x the
 # work of the 1.1B and read from memory, not the cache, so fewer tokens time it as well).
-SETTINGS = {"default": (256, 64, 32, 32), "8b": (256, 32, 16, 16)}
-PROMPT, DECODE, NPP, BATCH_STEPS = SETTINGS["default"]
+SETTINGS = {"default": ((256, 2048), 64, 32, 32), "8b": ((256, 2048), 32, 16, 16)}
 LLAMA_COMMON = ["-lm", "none"]  # weights in anonymous memory, as heteroserve's
+# ik_llama.cpp: run-time repacking of the weights into its own CPU layouts (which reads them into
+# anonymous memory: mmap off, as `-lm none` above), spelt as each of its two tools takes it
+# (llama-bench a 0|1 value, the common argument parser of llama-batched-bench a bare flag).
+IK_BENCH = ["-mmp", "0", "-rtr", "1"]
+IK_BATCHED = ["--no-mmap", "-rtr"]
+PEERS = ("llama.cpp", "ik_llama.cpp")
 
 
 def smollm2_path() -> Path:
@@ -195,7 +225,7 @@ def model_path(spec: str, tokenizer: str | None) -> tuple[str, Path]:
     return f"{name} {kind} (synthetic)", synthetic(shape, kind, tokenizer)
 
 
-def settings_for(spec: str) -> tuple[int, int, int, int]:
+def settings_for(spec: str) -> tuple[tuple[int, ...], int, int, int]:
     return SETTINGS.get(spec.split(":", maxsplit=1)[0], SETTINGS["default"])
 
 
@@ -238,11 +268,11 @@ def _anon_huge_kib(pid: int) -> int:
     return 0
 
 
-def run_sampled(cmd: list[str], env: dict) -> tuple[str, str, dict]:
+def run_sampled(cmd: list[str], env: dict, cwd: str | None = None) -> tuple[str, str, dict]:
     """Runs `cmd`, sampling its anonymous RSS (RssAnon) every 0.1 s and its AnonHugePages every
     second: (stdout, stderr, {"anon_mib", "huge_mib"} peaks). Raises on a non-zero exit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, cwd=cwd)
     anon = huge = 0
     n = 0
     while True:
@@ -259,34 +289,65 @@ def run_sampled(cmd: list[str], env: dict) -> tuple[str, str, dict]:
     return out, err, {"anon_mib": anon / 1024, "huge_mib": huge / 1024}
 
 
-def peer_context(settings: tuple[int, int, int, int]) -> int:
-    """Positions per sequence both engines provide for (the KV cache they allocate for 16)."""
-    prompt, decode, npp, steps = settings
-    return max(prompt, decode, npp + steps) + 16
+def kv_positions(settings) -> int:
+    """KV positions both engines provide in the 8/16-sequence runs (a multiple of 256): enough
+    for 16 sequences of `npp + steps` (and 16 spare) each, and for sequence 0 alone to hold the
+    longest prompt (and 16 spare). llama-batched-bench gets it as `-c` (llama.cpp splits it into
+    16 equal sequences, ik_llama.cpp keeps one unified cache), heteroserve allocates exactly as
+    many positions in one process that also runs the prefills and batch-1 decode: sequence 0's
+    block table spans the whole cache, the others own 1/16 of it each (see open_heteroserve)."""
+    prompts, _decode, npp, steps = settings
+    need = max(max(prompts) + 16, 16 * (npp + steps + 16))
+    return -(-need // 256) * 256
 
 
-def llama_tools(bin_dir: str, model: str, threads: int, settings: tuple[int, int, int, int],
-                env: dict) -> dict:
-    """One sample of llama.cpp's own C++ tools: llama-bench (one warm-up, one timed repetition)
-    for prefill (pp) and batch-1 decode (tg), llama-batched-bench for the 8- and 16-sequence
-    aggregate decode rate; the peak anonymous RSS of the two processes."""
-    prompt, decode, npp, steps = settings
-    out, _, mem1 = run_sampled([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads),
-                                "-p", str(prompt), "-n", str(decode), "-r", "1", "-o", "json",
-                                *LLAMA_COMMON], env)
-    rows = json.loads(out)
-    results = {"prefill": next(r["avg_ts"] for r in rows if r["n_prompt"] == prompt),
-               "decode_1": next(r["avg_ts"] for r in rows if r["n_gen"] == decode),
-               "build_commit": rows[0].get("build_commit", "?")}
-    ctx = -(-16 * peer_context(settings) // 256) * 256
-    out, _, mem2 = run_sampled([f"{bin_dir}/llama-batched-bench", "-m", model, "-t",
-                                str(threads), "-tb", str(threads), "-c", str(ctx), "-b", "2048",
-                                "-ub", "512", "-npp", str(npp), "-ntg", str(steps), "-npl",
-                                "8,16", "--output-format", "jsonl", *LLAMA_COMMON], env)
-    for line in out.splitlines():
-        if line.startswith("{"):
+def batched_rows(text: str, ik: bool) -> dict[int, float]:
+    """{sequences: aggregate decode tok/s} from llama-batched-bench's output: llama.cpp's
+    `--output-format jsonl` lines, or ik_llama.cpp's table (it has no jsonl: `|PP|TG|B|N_KV|
+    T_PP s|S_PP t/s|T_TG s|S_TG t/s|T s|S t/s|`, printed to stderr)."""
+    rows = {}
+    for line in text.splitlines():
+        if not ik and line.startswith("{"):
             row = json.loads(line)
-            results[f"decode_{row['pl']}"] = row["speed_tg"]
+            rows[int(row["pl"])] = float(row["speed_tg"])
+        elif ik and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            try:
+                rows[int(cells[2])] = float(cells[7])
+            except (IndexError, ValueError):
+                continue  # the header and the separator
+    return rows
+
+
+def llama_tools(bin_dir: str, model: str, threads: int, settings, env: dict,
+                ik: bool = False) -> dict:
+    """One sample of llama.cpp's (or, with `ik`, ik_llama.cpp's) own C++ tools: llama-bench (its
+    warm-up, one timed repetition) for prefill (pp) at each prompt length and batch-1 decode (tg),
+    llama-batched-bench for the 8- and 16-sequence aggregate decode rate; the peak anonymous RSS
+    of the two processes."""
+    prompts, decode, npp, steps = settings
+    bin_dir, model = os.path.abspath(bin_dir), os.path.abspath(model)
+    out, _, mem1 = run_sampled([f"{bin_dir}/llama-bench", "-m", model, "-t", str(threads),
+                                "-p", ",".join(map(str, prompts)), "-n", str(decode), "-r", "1",
+                                "-o", "json", *(IK_BENCH if ik else LLAMA_COMMON)], env)
+    rows = json.loads(out)
+    results = {f"prefill_{p}": next(r["avg_ts"] for r in rows
+                                    if r["n_prompt"] == p and r["n_gen"] == 0)
+               for p in prompts}
+    results["decode_1"] = next(r["avg_ts"] for r in rows if r["n_gen"] == decode)
+    results["build_commit"] = rows[0].get("build_commit", "?")
+    with tempfile.TemporaryDirectory() as scratch:  # ik_llama.cpp's tool writes llama.log there
+        out, err, mem2 = run_sampled(
+            [f"{bin_dir}/llama-batched-bench", "-m", model, "-t", str(threads), "-tb",
+             str(threads), "-c", str(kv_positions(settings)), "-b", "2048", "-ub", "512", "-npp",
+             str(npp), "-ntg", str(steps), "-npl", "8,16",
+             *(IK_BATCHED if ik else ["--output-format", "jsonl", *LLAMA_COMMON])], env, scratch)
+    batched = batched_rows(err if ik else out, ik)
+    for batch in (8, 16):
+        if batch not in batched:
+            raise RuntimeError(f"llama-batched-bench ({bin_dir}) reported no {batch}-sequence "
+                               f"row:\n{out[-2000:]}\n{err[-2000:]}")
+        results[f"decode_{batch}"] = batched[batch]
     results["anon_mib"] = max(mem1["anon_mib"], mem2["anon_mib"])
     results["huge_mib"] = max(mem1["huge_mib"], mem2["huge_mib"])
     return results
@@ -298,20 +359,24 @@ def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
 
 
 # -- the heteroserve worker (one process per sample) --------------------------------------------
-def measure(run, vocab: int, settings: tuple[int, int, int, int]) -> dict[str, float]:
-    """One sample of the work llama.cpp's tools do, as they do it: prefill `prompt` tokens in one
-    step (after one warm-up prefill), `decode` batch-1 steps from position 0 (after one warm-up
-    step), then 8 and 16 sequences of `npp` prompt tokens each, decoded `steps` steps together.
-    `run(tokens, positions, seqs, logits_at)` runs one step and returns the greedy next token of
-    each index of `logits_at` (later positions overwrite earlier ones: no reset is needed)."""
-    prompt_n, decode, npp, steps = settings
-    prompt = prompt_tokens(prompt_n, vocab, 1)
+def measure(run, vocab: int, settings) -> dict[str, float]:
+    """One sample of the work llama.cpp's tools do, as they do it: for each prompt length, prefill
+    that many tokens of sequence 0 from position 0 in one `run` call (the engine splits it into
+    sub-steps itself; one warm-up prefill of the first length before any is timed), `decode`
+    batch-1 steps from position 0 (after one warm-up step), then 8 and 16 sequences of `npp`
+    prompt tokens each, decoded `steps` steps together. `run(tokens, positions, seqs, logits_at)`
+    runs one step and returns the greedy next token of each index of `logits_at` (later positions
+    overwrite earlier ones: no reset is needed)."""
+    prompts, decode, npp, steps = settings
     results: dict[str, float] = {}
-    run(prompt, range(prompt_n), [0] * prompt_n, [prompt_n - 1])  # warm-up
-    start = time.perf_counter()
-    run(prompt, range(prompt_n), [0] * prompt_n, [prompt_n - 1])
-    results["prefill"] = prompt_n / (time.perf_counter() - start)
-    nxt = run(prompt[:1], [0], [0], [0])  # warm-up
+    warm = prompt_tokens(prompts[0], vocab, 1)
+    run(warm, range(prompts[0]), [0] * prompts[0], [prompts[0] - 1])  # warm-up
+    for prompt_n in prompts:
+        prompt = prompt_tokens(prompt_n, vocab, 1)
+        start = time.perf_counter()
+        run(prompt, range(prompt_n), [0] * prompt_n, [prompt_n - 1])
+        results[f"prefill_{prompt_n}"] = prompt_n / (time.perf_counter() - start)
+    nxt = run(warm[:1], [0], [0], [0])  # warm-up
     start = time.perf_counter()
     for step in range(decode):
         nxt = run(nxt, [step], [0], [0])
@@ -330,9 +395,15 @@ def measure(run, vocab: int, settings: tuple[int, int, int, int]) -> dict[str, f
     return results
 
 
-def open_heteroserve(model_path: str, threads: int, context: int, sequences: int):
+def open_heteroserve(model_path: str, threads: int, context: int, sequences: int,
+                     first_context: int | None = None):
     """(model, pool, config, run): `run(tokens, positions, seqs, logits_at)` runs one step and
-    returns the greedy next tokens, sampled in C; `sequences` sequences of `context` positions."""
+    returns the greedy next tokens, sampled in C; `sequences` sequences of `context` positions,
+    each with its own blocks. With `first_context`, sequence 0 may also reach that many positions:
+    the cache holds max(sequences x context, first_context) positions and sequence 0's block
+    table runs over all of it (its first `context` positions on its own blocks, the rest on the
+    other sequences' blocks: a long prefill of sequence 0 and the many-sequence runs take turns
+    on the same memory, as llama.cpp's llama-bench and llama-batched-bench processes do)."""
     import heteroserve_cpu as hc
 
     from heteroserve_engines.cpu_engine.gguf_model import load_model
@@ -341,9 +412,13 @@ def open_heteroserve(model_path: str, threads: int, context: int, sequences: int
     pool = hc.Pool(cpus, threads, pin_caller=True)
     model, config, _ = load_model(model_path, pool, nrc=int(os.environ.get("NRC") or "0"))
     per_seq = -(-context // 16)
-    model.alloc_kv(per_seq * sequences, 16)
-    tables = memoryview(array("i", range(per_seq * sequences))).cast("B").cast(
-        "i", (sequences, per_seq))
+    n_blocks = max(per_seq * sequences, -(-(first_context or 0) // 16))
+    width = max(per_seq, -(-(first_context or 0) // 16))
+    model.alloc_kv(n_blocks, 16)
+    rows = array("i", range(width))  # sequence 0: blocks 0.. (its own per_seq first)
+    for s in range(1, sequences):  # the others: their own per_seq blocks (the rest unused)
+        rows += array("i", (s * per_seq + j % per_seq for j in range(width)))
+    tables = memoryview(rows).cast("B").cast("i", (sequences, width))
 
     def run(tokens, positions, seqs, logits_at):
         rows = len(logits_at)
@@ -354,10 +429,11 @@ def open_heteroserve(model_path: str, threads: int, context: int, sequences: int
     return model, pool, config, run
 
 
-def worker_heteroserve(model_path: str, threads: int, settings: tuple[int, int, int, int]) -> dict:
+def worker_heteroserve(model_path: str, threads: int, settings) -> dict:
     import heteroserve_cpu as hc
 
-    model, _pool, config, run = open_heteroserve(model_path, threads, peer_context(settings), 16)
+    total = kv_positions(settings)
+    model, _pool, config, run = open_heteroserve(model_path, threads, total // 16, 16, total)
     results = measure(run, config.n_vocab, settings)
     results["weight_bytes"] = model.weight_bytes
     results["token_bytes"] = model.token_bytes
@@ -372,7 +448,7 @@ def worker_heteroserve(model_path: str, threads: int, settings: tuple[int, int, 
 def heteroserve_sample(model: str, threads: int, settings, env: dict) -> dict:
     out, _, mem = run_sampled([sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp",
                                "--worker", "--model", model, "--threads", str(threads),
-                               "--settings", ",".join(map(str, settings))], env)
+                               "--settings", json.dumps(settings)], env)
     results = json.loads(out.strip().splitlines()[-1])
     results["anon_mib"] = max(results["anon_mib"], mem["anon_mib"])
     results["huge_mib"] = max(results["huge_mib"], mem["huge_mib"])
@@ -383,10 +459,14 @@ def heteroserve_sample(model: str, threads: int, settings, env: dict) -> dict:
 AMX_OFF = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def _cmake_build(src: str, build: Path, flags: str, jobs: int, log) -> None:
+def _cmake_build(src: str, build: Path, flags: str, jobs: int, log, ik: bool = False) -> None:
+    """llama-bench and llama-batched-bench of llama.cpp, or with `ik` of ik_llama.cpp (whose
+    tools are examples, of which its pruned copy keeps only these two; static libraries)."""
     args = ["cmake", "-S", src, "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
             "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
+            "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF"]
+    args += (["-DLLAMA_BUILD_EXAMPLES=ON", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_CUDA=OFF"] if ik
+             else ["-DLLAMA_BUILD_EXAMPLES=OFF"])
     if flags:
         args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
     subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT)
@@ -431,6 +511,48 @@ def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
     return bin_dir
 
 
+def native_isa() -> str:
+    """The x86 extensions `-march=native` turns on here (what a GGML_NATIVE build targets)."""
+    proc = subprocess.run(["cc", "-march=native", "-dM", "-E", "-"], input="", capture_output=True,
+                          text=True, check=False)
+    names = sorted({line.split()[1].strip("_") for line in proc.stdout.splitlines()
+                    if line.startswith("#define __AVX") or line.startswith("#define __AMX")
+                    or line.startswith("#define __FMA__") or line.startswith("#define __F16C__")})
+    return " ".join(names) or "unknown"
+
+
+def build_ik_llama(src: str, root: str, check_model: str, jobs: int) -> Path:
+    """Builds ik_llama.cpp's llama-bench and llama-batched-bench natively (`-march=native`; it
+    has no AMX path) and checks them by a short llama-bench run with run-time repacking. Returns
+    the bin folder, in which `heteroserve-build.json` says which build (and source commit) it is."""
+    root_path = Path(root)
+    root_path.mkdir(parents=True, exist_ok=True)
+    with open(root_path / "build.log", "a") as log:
+        _cmake_build(src, root_path / "native", "", jobs, log, ik=True)
+    bin_dir = root_path / "native" / "bin"
+    proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", check_model, "-p", "16", "-n", "4",
+                           "-r", "1", "-o", "json", *IK_BENCH], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ik_llama.cpp's check run failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    commit_file = Path(src) / "COMMIT"
+    info = {"flags": "-march=native (GGML_NATIVE=ON), static libraries, run-time repacking "
+                     "(llama-bench " + " ".join(IK_BENCH) + ", llama-batched-bench "
+                     + " ".join(IK_BATCHED) + ")",
+            "check_rc": proc.returncode,
+            "commit": (commit_file.read_text().strip() if commit_file.exists()
+                       else json.loads(proc.stdout)[0].get("build_commit", "unknown")),
+            "system_info": f"-march=native here enables: {native_isa()}"}
+    (bin_dir / "heteroserve-build.json").write_text(json.dumps(info))
+    return bin_dir
+
+
+def ik_build_line(info: dict) -> str:
+    return (f"ik_llama.cpp build: commit {info.get('commit', 'unknown')}; {info['flags']}; "
+            f"{info.get('system_info')}")
+
+
 def system_info(bin_dir: str) -> str:
     """llama.cpp's system-info line (llama_print_system_info of the libllama beside the tools)."""
     lib = next(iter(sorted(Path(bin_dir).glob("libllama.so*"))), None)
@@ -461,17 +583,28 @@ def build_line(info: dict) -> str:
 
 
 # -- the table ----------------------------------------------------------------------------------
-def ratio_cell(ours: list[float], peer: list[float]) -> str:
+def ratio_cell(ours: list[float], peer: list[float], label: str = "") -> str:
     per_pair = sorted(a / b for a, b in zip(ours, peer, strict=True))
     med = statistics.median(ours) / statistics.median(peer)
-    return f"{med:.2f}x ({per_pair[0]:.2f}-{per_pair[-1]:.2f})"
+    return f"{med:.2f}x{label} ({per_pair[0]:.2f}-{per_pair[-1]:.2f})"
 
 
-def header(threads: int, pairs: int, policy: str, info: dict, extra: str = "") -> str:
+def better_peer(samples: dict[str, list[dict]], key: str, lower: bool = False) -> str:
+    """The peer with the better median for `key` (the higher rate, or with `lower` the smaller
+    memory) among those sampled."""
+    meds = {p: statistics.median(x[key] for x in samples[p]) for p in PEERS if p in samples}
+    return (min if lower else max)(meds, key=meds.get)
+
+
+def header(threads: int, pairs: int, policy: str, info: dict, extra: str = "",
+           ik_info: dict | None = None) -> str:
+    runs = (f"{pairs} A/B pairs (llama.cpp, heteroserve, alternating processes)" if ik_info is None
+            else f"{pairs} triples (llama.cpp, ik_llama.cpp, heteroserve, alternating processes)")
     return (f"threads: {threads}; CPU: {cpu_name()}; heteroserve commit: "
             f"{os.environ.get('HETEROSERVE_COMMIT') or git_commit()}; {policy}; "
-            f"{pairs} A/B pairs (llama.cpp, heteroserve, alternating processes), medians{extra}\n"
-            f"{build_line(info)}\nllama.cpp system_info: {info.get('system_info')}")
+            f"{runs}, medians{extra}\n"
+            f"{build_line(info)}\nllama.cpp system_info: {info.get('system_info')}"
+            + (f"\n{ik_build_line(ik_info)}" if ik_info is not None else ""))
 
 
 def main() -> int:
@@ -487,19 +620,33 @@ def main() -> int:
                         "into --llama-build (checked, AMX fallback) and print the bin folder")
     parser.add_argument("--llama-build", default=str(Path.home() / ".cache" / "heteroserve" /
                                                      "llama-bin"))
+    parser.add_argument("--ik-llama-bin", help="folder of ik_llama.cpp's llama-bench and "
+                        "llama-batched-bench: a second peer (triples instead of pairs)")
+    parser.add_argument("--build-ik-llama", metavar="SRC", help="build ik_llama.cpp's tools from "
+                        "SRC into --ik-llama-build (checked) and print the bin folder")
+    parser.add_argument("--ik-llama-build", default=str(Path.home() / ".cache" / "heteroserve" /
+                                                        "ik-llama-bin"))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="parallel compile jobs of --build-llama / --build-ik-llama")
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--model")
     parser.add_argument("--settings")
     args = parser.parse_args()
     if args.worker:
-        settings = tuple(int(x) for x in args.settings.split(","))
+        prompts, *rest = json.loads(args.settings)
+        settings = (tuple(prompts), *rest)
         print(json.dumps(worker_heteroserve(args.model, args.threads, settings)))
         return 0
     if args.build_llama:
         check = str(model_path("135m:q4_0", args.tokenizer)[1])
-        bin_dir = build_llamacpp(args.build_llama, args.llama_build, check, os.cpu_count() or 1)
+        bin_dir = build_llamacpp(args.build_llama, args.llama_build, check, args.jobs)
         info = build_description(str(bin_dir))
         print(f"{build_line(info)}\nllama.cpp system_info: {info['system_info']}\n{bin_dir}")
+        return 0
+    if args.build_ik_llama:
+        check = str(model_path("135m:q4_0", args.tokenizer)[1])
+        bin_dir = build_ik_llama(args.build_ik_llama, args.ik_llama_build, check, args.jobs)
+        print(f"{ik_build_line(build_description(str(bin_dir)))}\n{bin_dir}")
         return 0
     if not args.llama_bin:
         parser.error("--llama-bin is required (llama.cpp's C++ tools are the peer)")
@@ -507,6 +654,11 @@ def main() -> int:
 
     env, policy = bench_env()
     info = build_description(args.llama_bin)
+    ik_info = build_description(args.ik_llama_bin) if args.ik_llama_bin else None
+    peers = {"llama.cpp": args.llama_bin}
+    if args.ik_llama_bin:
+        peers["ik_llama.cpp"] = args.ik_llama_bin
+    engines = (*peers, "heteroserve")
     llc = bandwidth.llc_bytes()
     probe = bandwidth.probe(args.threads, env)
     specs = args.models.split(",")
@@ -514,58 +666,86 @@ def main() -> int:
     for spec in specs:
         label, path = model_path(spec, args.tokenizer)
         settings = settings_for(spec)
-        samples: dict[str, list[dict]] = {"llama.cpp": [], "heteroserve": []}
+        samples: dict[str, list[dict]] = {engine: [] for engine in engines}
         for _ in range(args.pairs):
-            samples["llama.cpp"].append(llama_tools(args.llama_bin, str(path), args.threads,
-                                                    settings, env))
+            for peer, bin_dir in peers.items():
+                samples[peer].append(llama_tools(bin_dir, str(path), args.threads, settings, env,
+                                                 ik=peer == "ik_llama.cpp"))
             samples["heteroserve"].append(heteroserve_sample(str(path), args.threads, settings,
                                                              env))
         rows.append((label, settings, samples))
         print(f"done: {label}", file=sys.stderr, flush=True)
     first = rows[0][2]["heteroserve"][0]
+    commits = f"; llama.cpp commit: {rows[0][2]['llama.cpp'][0]['build_commit']}"
+    if ik_info is not None:
+        commits += f"; ik_llama.cpp commit: {ik_info.get('commit', 'unknown')}"
     print("\n" + header(args.threads, args.pairs, policy, info,
                         f"; heteroserve kernels: {first['variant']}; numpy in heteroserve's "
-                        f"process: {'yes' if first['numpy_imported'] else 'no'}; llama.cpp "
-                        f"commit: {rows[0][2]['llama.cpp'][0]['build_commit']}") + "\n")
-    cols = ("prefill", "decode_1", "decode_8", "decode_16")
-    print("| model | engine | prefill tok/s | decode tok/s (1) | decode tok/s (8) | "
-          "decode tok/s (16) | peak anon RSS MiB | of it on huge pages MiB |")
-    print("|---|---|---|---|---|---|---|---|")
+                        f"process: {'yes' if first['numpy_imported'] else 'no'}" + commits,
+                        ik_info) + "\n")
+    prompt_lengths = sorted({p for _label, settings, _samples in rows for p in settings[0]})
+    cols = (*(f"prefill_{p}" for p in prompt_lengths), "decode_1", "decode_8", "decode_16")
+    if ik_info is not None:
+        print("ratio: heteroserve / the better peer of each cell (the higher rate, the smaller "
+              "memory; 'vs ik' = ik_llama.cpp), per-pair range beside it\n")
+    print("| model | engine | " + " | ".join(f"prefill tok/s (pp{p})" for p in prompt_lengths)
+          + " | decode tok/s (1) | decode tok/s (8) | decode tok/s (16) | peak anon RSS MiB | "
+          "of it on huge pages MiB |")
+    print("|---|---|" + "---|" * (len(cols) + 2))
+    short = {"llama.cpp": " vs llama.cpp", "ik_llama.cpp": " vs ik"}
     for label, settings, samples in rows:
-        prompt, decode, npp, steps = settings
-        name = f"{label} [pp{prompt}, tg{decode}, {npp}+{steps}/seq]"
-        for engine in ("llama.cpp", "heteroserve"):
+        prompts, decode, npp, steps = settings
+        name = f"{label} [pp{'/'.join(map(str, prompts))}, tg{decode}, {npp}+{steps}/seq]"
+        keys = [k for k in cols if k in samples["heteroserve"][0]]
+        for engine in engines:
             s = samples[engine]
-            med = {k: statistics.median(x[k] for x in s) for k in (*cols, "anon_mib",
+            med = {k: statistics.median(x[k] for x in s) for k in (*keys, "anon_mib",
                                                                   "huge_mib")}
-            print(f"| {name} | {engine} | {med['prefill']:.0f} | {med['decode_1']:.1f} | "
-                  f"{med['decode_8']:.1f} | {med['decode_16']:.1f} | {med['anon_mib']:.0f} | "
-                  f"{med['huge_mib']:.0f} |")
-        ours, peer = samples["heteroserve"], samples["llama.cpp"]
-        print(f"| {name} | heteroserve / llama.cpp (pair range) | " + " | ".join(
-            ratio_cell([o[k] for o in ours], [p[k] for p in peer])
-            for k in (*cols, "anon_mib")) + " | |")
+            cells = [f"{med[k]:.0f}" if k.startswith("prefill") else f"{med[k]:.1f}"
+                     if k in med else "n/a" for k in cols]
+            print(f"| {name} | {engine} | " + " | ".join(cells)
+                  + f" | {med['anon_mib']:.0f} | {med['huge_mib']:.0f} |")
+        ours = samples["heteroserve"]
+        if ik_info is None:
+            cells = [ratio_cell([o[k] for o in ours], [p[k] for p in samples["llama.cpp"]])
+                     if k in ours[0] else "n/a" for k in (*cols, "anon_mib")]
+            print(f"| {name} | heteroserve / llama.cpp (pair range) | " + " | ".join(cells)
+                  + " | |")
+            continue
+        cells = []
+        for k in (*cols, "anon_mib"):
+            if k not in ours[0]:
+                cells.append("n/a")
+                continue
+            best = better_peer(samples, k, lower=k == "anon_mib")
+            cells.append(ratio_cell([o[k] for o in ours], [p[k] for p in samples[best]],
+                                    short[best]))
+        print(f"| {name} | heteroserve / better peer (triple range) | " + " | ".join(cells)
+              + " | |")
     valid_probe = bandwidth.valid(probe["buffer_bytes"], llc)
     print(f"\nread bandwidth: {probe['gbs']:.1f} GB/s over {bandwidth.mib(probe['buffer_bytes'])} "
           f"(the engine's probe {probe['engine_gbs']:.1f}, numpy's {probe['numpy_gbs']:.1f}) "
           f"(last-level cache {bandwidth.mib(llc)}; valid: {'yes' if valid_probe else 'no'}); "
           f"a roofline percentage only where the model's bytes per token are >= 4x the cache\n")
     print("| model | weight bytes / token | last-level cache | roofline tok/s | heteroserve "
-          "batch-1 | % of roofline | llama.cpp batch-1 | % of roofline |")
-    print("|---|---|---|---|---|---|---|---|")
+          "batch-1 | % of roofline | " + " | ".join(f"{peer} batch-1 | % of roofline"
+                                                     for peer in peers) + " |")
+    print("|---|---|---|---|---|---|" + "---|---|" * len(peers))
     for label, _settings, samples in rows:
         ours = samples["heteroserve"]
         token_bytes = ours[0]["token_bytes"]
-        d_ours = statistics.median(x["decode_1"] for x in ours)
-        d_peer = statistics.median(x["decode_1"] for x in samples["llama.cpp"])
+        rates = [statistics.median(x["decode_1"] for x in samples[e])
+                 for e in ("heteroserve", *peers)]
         if valid_probe and bandwidth.valid(token_bytes, llc):
             roof = probe["gbs"] * 1e9 / token_bytes
-            cells = (f"{roof:.1f}", f"{d_ours:.1f}",
-                     f"{100 * d_ours / roof:.0f} % (LLC {bandwidth.mib(llc)})", f"{d_peer:.1f}",
-                     f"{100 * d_peer / roof:.0f} % (LLC {bandwidth.mib(llc)})")
+            cells = [f"{roof:.1f}"]
+            for rate in rates:
+                cells += [f"{rate:.1f}", f"{100 * rate / roof:.0f} % (LLC {bandwidth.mib(llc)})"]
         else:
             why = f"n/a: model < 4x LLC ({bandwidth.mib(llc)})"
-            cells = ("n/a", f"{d_ours:.1f}", why, f"{d_peer:.1f}", why)
+            cells = ["n/a"]
+            for rate in rates:
+                cells += [f"{rate:.1f}", why]
         print(f"| {label} | {bandwidth.mib(token_bytes)} | {bandwidth.mib(llc)} | "
               + " | ".join(cells) + " |")
     return 0

@@ -267,6 +267,16 @@ struct Model {
             throw std::invalid_argument("read_kv: layer or slot out of range");
         return {nb::bytes(k.data(), k.size()), nb::bytes(v.data(), v.size())};
     }
+    // Per-phase wall time of steps (hs_model_set_profiling): on/off zeroes the sums.
+    void set_profiling(bool on) { hs_model_set_profiling(m, on); }
+    nb::dict profile() const {
+        const char *const *names;
+        const double *secs;
+        const int count = hs_model_profile(m, &names, &secs);
+        nb::dict out;
+        for (int i = 0; i < count; i++) out[names[i]] = secs[i];
+        return out;
+    }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
     size_t token_bytes() const { return hs_model_token_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
@@ -361,6 +371,9 @@ NB_MODULE(_kernels, mod) {
              nb::arg("top_k"), nb::arg("top_p"), nb::arg("state"),
              nb::arg("add_row") = std::vector<int32_t>(), nb::arg("add_id") = std::vector<int32_t>(),
              nb::arg("add_value") = std::vector<float>(), nb::arg("logprobs") = std::vector<int>())
+        .def("set_profiling", &Model::set_profiling, nb::arg("on"),
+             "turn per-phase step timing on or off; either way the sums start from zero")
+        .def_prop_ro("profile", &Model::profile, "seconds per step phase while profiling")
         .def_prop_ro("weight_bytes", &Model::weight_bytes)
         .def_prop_ro("token_bytes", &Model::token_bytes)
         .def_prop_ro("kv_bytes", &Model::kv_bytes);

@@ -24,8 +24,9 @@ static int has_amx(void) {
     static int state = -1;
     if (state < 0) {
         __builtin_cpu_init();
-        state = has_avx512vnni() && __builtin_cpu_supports("amx-tile") &&
-                __builtin_cpu_supports("amx-int8") &&
+        state = has_avx512vnni() && __builtin_cpu_supports("avx512bf16") &&
+                __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
+                __builtin_cpu_supports("amx-bf16") &&
                 syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     }
     return state;

@@ -11,11 +11,16 @@
 typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                          size_t astride, int ncols, float *out, size_t ostride);
 
-/* Products of many activation rows at once (AMX tiles): nrows weight rows x ncols activation
- * rows of mm_*'s layouts, any sizes. Returns how many leading activation rows it computed (a
- * multiple of its tile width, possibly 0); the caller computes the rest with mm_*. */
-typedef int (*hs_wide_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
-                          size_t astride, int ncols, float *out, size_t ostride);
+/* Products of 16 or more activation rows on a matrix unit in int8 (AMX tiles): nrows weight rows
+ * x ncols activation rows of mm_*'s layouts, any sizes. Returns how many leading activation rows
+ * it computed (a multiple of its tile width, possibly 0); the caller computes the rest with mm_*. */
+typedef int (*hs_wide8_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
+                           size_t astride, int ncols, float *out, size_t ostride);
+
+/* Products of many activation rows on a matrix unit (AMX-BF16): see wide_* in hs_kernels. */
+#define HS_WIDE_ROWS 16 /* activation rows per packed group */
+typedef int (*hs_wide_fn)(int type, int cols, const void *w, size_t wstride, int nrows,
+                           const void *act, int n, float *out, size_t ostride);
 
 typedef struct {
     const char *name;
@@ -29,7 +34,18 @@ typedef struct {
     void (*pack_row)(int type, const void *src, void *dst, int cols);
     void (*unpack_row)(int type, const void *src, void *dst, int cols);
     hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
-    hs_wide_fn wide_q4_0, wide_q4_1, wide_q8_0; /* optional */
+    hs_wide8_fn wide8_q4_0, wide8_q4_1, wide8_q8_0; /* optional */
+    /* Optional: products of many activation rows on a matrix unit, in bf16 with fp32 sums.
+     * Activations come as floats: wide_pack writes `rows` (0..HS_WIDE_ROWS) rows of x, `cols`
+     * floats apart, as one group of HS_WIDE_ROWS rows (the rest zero) in wide_group_bytes(cols)
+     * bytes. wide multiplies nrows weight rows of `type` (pack_row's layout, wstride bytes apart;
+     * each weight is dequantized to bf16, value x scale rounded to nearest even) by n activation
+     * rows held as consecutive groups, an even number of them (ceil(n / 32) * 2, padding rows
+     * zero): out[c * ostride + r] for c < n. Returns 0, or -1 (nothing computed) when its
+     * scratch could not be allocated. */
+    size_t (*wide_group_bytes)(int cols);
+    void (*wide_pack)(const float *x, int cols, int rows, void *dst);
+    hs_wide_fn wide;
     float (*dot_f16)(int n, const hs_fp16 *w, const float *x);
     float (*dot_f32)(int n, const float *w, const float *x);
     /* fp32 -> fp16, round to nearest even: K/V rows into the cache. */
@@ -41,8 +57,18 @@ typedef struct {
      * whenever m[g] grows. Start from m = -inf, l = 0, acc = 0; the result is acc[g] / l[g]. */
     void (*attend_f16)(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                        const hs_fp16 *const *v, int count, float *m, float *l, float *acc);
+    /* Optional: attention of nq (1..HS_ATTN_ROWS) query rows q[r] that share one KV head -
+     * several heads of several tokens of a sequence - over the `count` positions given, row r
+     * attending the first lim[r] of them (1 <= lim[r] <= count): the online softmax of
+     * attend_f16, m[r], l[r] and acc[r] (hd floats) per row. hd a multiple of 16, at most
+     * HS_ATTN_HD. Each K and V row is converted once for all the rows (a prefill chunk's). */
+    void (*attend_rows)(int hd, int nq, float scale, const float *const *q, const int *lim,
+                        const hs_fp16 *const *k, const hs_fp16 *const *v, int count, float *m,
+                        float *l, float *const *acc);
 } hs_kernels;
 
+#define HS_ATTN_ROWS 16  /* query rows per attend_rows call */
+#define HS_ATTN_HD 256   /* widest head attend_rows takes */
 #define HS_ATTN_GROUP 8 /* query heads per attend_f16 call */
 #define HS_ATTN_SPAN 64 /* positions scored at once inside it */
 

@@ -4,6 +4,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
+
+/* Query rows whose one-span outputs a thread holds at once: attend_f16's heads of a token, or
+ * attend_rows' rows of a block. */
+#define SPAN_ROWS (HS_ATTN_ROWS > HS_ATTN_GROUP ? HS_ATTN_ROWS : HS_ATTN_GROUP)
+
+/* Phases of a step, for hs_model_profile: wall time of each, summed over steps while on. */
+enum { P_EMBED, P_NORM, P_QKV, P_ROPE_KV, P_ATTN, P_WO, P_GATE_UP, P_SWIGLU, P_DOWN, P_LOGITS,
+       P_COUNT };
+static const char *const phase_names[P_COUNT] = {
+    "embed", "norm", "qkv", "rope_kv", "attention", "o_proj", "gate_up", "swiglu", "down",
+    "logits"};
 
 struct hs_model {
     hs_config c;
@@ -18,15 +30,20 @@ struct hs_model {
     /* scratch, grown to the largest batch seen */
     int cap;
     float *x, *xb, *q, *kv_k, *kv_v, *att, *gate, *up;
-    /* attention work of the step (see attn_task): token i's items start at attn_first[i]; its
-     * per-span partial results (when it has more than one span) at attn_part[i] in `partial` */
-    int *attn_first;
+    /* attention work of the step (see attn_task): block b holds tokens attn_block[b] up to
+     * attn_block[b + 1] and its items start at attn_first[b]; token i's per-span partial results
+     * (when it has more than one span) are at attn_part[i] in `partial` */
+    int *attn_first, *attn_block, attn_blocks;
     size_t *attn_part, partial_cap;
     float *partial;
-    float *span_acc;            /* [threads][HS_ATTN_GROUP * head_dim]: one span's outputs */
+    float *span_acc;            /* [threads][SPAN_ROWS * head_dim]: one span's outputs */
     float *rope_cos, *rope_sin; /* [n][head_dim / 2]: computed once per step, shared by layers */
     float *inv_freq;            /* [head_dim / 2]: base^(-2i / head_dim) */
     void *qa;              /* quantized activations: the kernel table's layout */
+    void *wa;              /* activations packed for the wide products (wide_pack), or NULL */
+    int wide_min;          /* activation rows from which products go to the wide kernel */
+    int profiling;
+    double profile[P_COUNT];
 };
 
 static void *aligned(size_t bytes) {
@@ -48,6 +65,22 @@ void *hs_alloc_large(size_t bytes) {
     return p;
 }
 
+/* Activation rows from which a product goes to the kernel's bf16 matrix-unit path (wide), where
+ * it has one: HETEROSERVE_WIDE_MIN (>= 2), else WIDE_MIN. Below it, the int8 tile products
+ * (wide8, from 16 rows) and the 4x4 register tiles. The bf16 path dequantizes every weight of a
+ * product once, whatever its rows: measured on the 16-core host (tests/bench/cpu_engine_profile,
+ * docs/benchmarks.md) it loses to the int8 tiles for a decode batch of 16 and wins by far for a
+ * prefill chunk of 128; between, the break-even by the same costs is near 48. */
+#define WIDE_MIN 48
+int hs_wide_min_rows(void) {
+    const char *s = getenv("HETEROSERVE_WIDE_MIN");
+    const int v = s && *s ? atoi(s) : 0;
+    return v >= 2 ? v : WIDE_MIN;
+}
+
+/* Packed activation groups the wide kernel reads for n rows: pairs of HS_WIDE_ROWS. */
+static size_t wide_groups(int n) { return (size_t)(n + 2 * HS_WIDE_ROWS - 1) / (2 * HS_WIDE_ROWS) * 2; }
+
 hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kernels *kernels,
                           int nrc) {
     if (config->n_embd % HS_QK || config->n_ff % HS_QK || config->n_head % config->n_head_kv)
@@ -58,6 +91,7 @@ hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kerne
     m->pool = pool;
     m->k = kernels;
     m->nrc = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : 0;
+    m->wide_min = hs_wide_min_rows();
     m->layers = calloc((size_t)config->n_layer, sizeof(hs_layer));
     m->inv_freq = malloc(sizeof(float) * (size_t)(config->head_dim / 2));
     for (int i = 0; i < config->head_dim / 2; i++)
@@ -81,8 +115,9 @@ void hs_model_destroy(hs_model *m) {
     free(m->output_norm);
     free(m->k_cache); free(m->v_cache);
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
-    free(m->gate); free(m->up); free(m->qa);
-    free(m->attn_first); free(m->attn_part); free(m->partial); free(m->span_acc);
+    free(m->gate); free(m->up); free(m->qa); free(m->wa);
+    free(m->attn_first); free(m->attn_block); free(m->attn_part); free(m->partial);
+    free(m->span_acc);
     free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
     free(m);
 }
@@ -258,13 +293,20 @@ static int grow(hs_model *m, int n) {
     }
     free(m->qa);
     m->qa = aligned((size_t)n * m->k->act_bytes(widest));
+    free(m->wa);
+    m->wa = NULL;
+    if (m->k->wide && n >= m->wide_min) {
+        m->wa = aligned(wide_groups(n) * m->k->wide_group_bytes(widest));
+        if (!m->wa) return -1;
+    }
     if (!m->span_acc)
-        m->span_acc = aligned(sizeof(float) * (size_t)hs_pool_size(m->pool) * HS_ATTN_GROUP *
+        m->span_acc = aligned(sizeof(float) * (size_t)hs_pool_size(m->pool) * SPAN_ROWS *
                               (size_t)c->head_dim);
-    free(m->attn_first); free(m->attn_part);
+    free(m->attn_first); free(m->attn_block); free(m->attn_part);
     m->attn_first = malloc(sizeof(int) * ((size_t)n + 1));
+    m->attn_block = malloc(sizeof(int) * ((size_t)n + 1));
     m->attn_part = malloc(sizeof(size_t) * (size_t)n);
-    if (!m->attn_first || !m->attn_part || !m->span_acc) return -1;
+    if (!m->attn_first || !m->attn_block || !m->attn_part || !m->span_acc) return -1;
     free(m->rope_cos); free(m->rope_sin);
     m->rope_cos = aligned((size_t)n * (c->head_dim / 2) * 4);
     m->rope_sin = aligned((size_t)n * (c->head_dim / 2) * 4);
@@ -283,6 +325,7 @@ typedef struct {
     const char *qa;        /* quantized activations: n rows, qa_stride bytes apart */
     size_t qa_stride;
     const float *x;        /* float activations (f16/f32 weights) */
+    const char *wa;        /* the activations packed for k->wide, or NULL: the 4x4 tiles */
 } matmul_ctx;
 
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
@@ -305,15 +348,18 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
         }
         return;
     }
-    const hs_wide_fn wide = w->type == HS_Q4_0 ? t->k->wide_q4_0 : w->type == HS_Q4_1
-                          ? t->k->wide_q4_1 : t->k->wide_q8_0;
+    if (t->wa && t->k->wide(w->type, w->cols, data + (size_t)r0 * w->row_bytes, w->row_bytes,
+                            r1 - r0, t->wa, t->n, out + r0, (size_t)w->rows) == 0)
+        return; /* (-1: its scratch could not be had; the tiles below compute it instead) */
+    const hs_wide8_fn wide8 = w->type == HS_Q4_0 ? t->k->wide8_q4_0 : w->type == HS_Q4_1
+                            ? t->k->wide8_q4_1 : t->k->wide8_q8_0;
     for (int c0 = 0; c0 < t->n; c0 += COL_CHUNK) {
         const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
         int i0 = c0;
-        if (wide && r1 > r0) /* tile-unit products first; the columns they leave, below */
-            i0 += wide(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
-                       t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
-                       out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
+        if (wide8 && r1 > r0) /* int8 tile-unit products first; the columns they leave, below */
+            i0 += wide8(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
+                        t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
+                        out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
         if (i0 >= c1) continue;
         for (int r = r0; r < r1; r += MM_TILE) {
             const int rows = r1 - r < MM_TILE ? r1 - r : MM_TILE;
@@ -326,8 +372,9 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
 }
 
 static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int ith, int nth) {
-    int r0, r1;
-    hs_split(w->rows, tile_rows(t->nrc, w), ith, nth, &r0, &r1);
+    int r0, r1; /* the wide kernel's strips are 16 rows (two at a time) */
+    hs_split(w->rows, t->wa && is_quantized(w->type) ? HS_WIDE_ROWS : tile_rows(t->nrc, w), ith,
+             nth, &r0, &r1);
     if (is_quantized(w->type)) {
         matmul_quantized(t, w, out, r0, r1);
         return;
@@ -346,27 +393,42 @@ static void matmul_task(void *p, int ith, int nth) {
     for (int i = 0; i < 3 && t->w[i]; i++) matmul_rows(t, t->w[i], t->out[i], ith, nth);
 }
 
-/* Quantizes n activation rows of `cols` values into the table's layout, `stride` bytes apart. */
+/* Prepares n activation rows of `cols` values for the products: quantized into the table's
+ * layout (`stride` bytes apart) unless already done, and packed for the wide kernel (groups of
+ * HS_WIDE_ROWS, wide_groups(n) of them) where `wa` is set. */
 typedef struct {
     const hs_kernels *k;
-    int n, cols;
+    int n, cols, quantize;
     const float *x;
     char *qa;
     size_t stride;
+    char *wa;
 } quant_ctx;
 
 static void quant_task(void *p, int ith, int nth) {
     const quant_ctx *t = p;
     int i0, i1;
-    hs_split(t->n, 1, ith, nth, &i0, &i1);
-    for (int i = i0; i < i1; i++)
-        t->k->quantize_act(t->x + (size_t)i * t->cols, t->qa + (size_t)i * t->stride, t->cols);
+    if (t->quantize) {
+        hs_split(t->n, 1, ith, nth, &i0, &i1);
+        for (int i = i0; i < i1; i++)
+            t->k->quantize_act(t->x + (size_t)i * t->cols, t->qa + (size_t)i * t->stride, t->cols);
+    }
+    if (!t->wa) return;
+    const size_t bytes = t->k->wide_group_bytes(t->cols);
+    hs_split((int)wide_groups(t->n), 1, ith, nth, &i0, &i1);
+    for (int g = i0; g < i1; g++) {
+        const int left = t->n - g * HS_WIDE_ROWS;
+        t->k->wide_pack(t->x + (size_t)g * HS_WIDE_ROWS * t->cols, t->cols,
+                        left < 0 ? 0 : left < HS_WIDE_ROWS ? left : HS_WIDE_ROWS,
+                        t->wa + (size_t)g * bytes);
+    }
 }
 
-static void quantize_rows(hs_pool *pool, const hs_kernels *k, int n, const float *x, int cols,
-                          char *qa, size_t stride) {
-    quant_ctx q = {k, n, cols, x, qa, stride};
-    if (n >= 4) /* a prefill chunk: its rows are quantized in parallel */
+static void prepare_rows(hs_pool *pool, const hs_kernels *k, int n, const float *x, int cols,
+                         int quantize, char *qa, size_t stride, char *wa) {
+    quant_ctx q = {k, n, cols, quantize, x, qa, stride, wa};
+    if (!quantize && !wa) return;
+    if (n >= 4) /* a prefill chunk or a batch: its rows are prepared in parallel */
         hs_pool_run(pool, quant_task, &q);
     else
         quant_task(&q, 0, 1);
@@ -382,8 +444,9 @@ static void quantize_row(hs_model *m, int i, const float *x, int cols) {
 static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, const hs_mat *w0,
                     float *o0, const hs_mat *w1, float *o1, const hs_mat *w2, float *o2) {
     const size_t stride = m->k->act_bytes(cols);
-    if (!ready) quantize_rows(m->pool, m->k, n, x, cols, m->qa, stride);
-    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x};
+    char *wa = m->wa && n >= m->wide_min && is_quantized(w0->type) ? m->wa : NULL;
+    prepare_rows(m->pool, m->k, n, x, cols, !ready, m->qa, stride, wa);
+    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x, wa};
     hs_pool_run(m->pool, matmul_task, &t);
 }
 
@@ -398,11 +461,14 @@ void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int
             k->pack_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes,
                         (char *)packed.data + (size_t)r * w->row_bytes, w->cols);
     }
-    if (is_quantized(w->type)) quantize_rows(pool, k, n, x, w->cols, qa, stride);
-    matmul_ctx t = {k, nrc, n, {&packed, NULL, NULL}, {out, NULL, NULL}, qa, stride, x};
+    char *wa = k->wide && n >= hs_wide_min_rows() && is_quantized(w->type)
+             ? aligned(wide_groups(n) * k->wide_group_bytes(w->cols)) : NULL;
+    if (is_quantized(w->type)) prepare_rows(pool, k, n, x, w->cols, 1, qa, stride, wa);
+    matmul_ctx t = {k, nrc, n, {&packed, NULL, NULL}, {out, NULL, NULL}, qa, stride, x, wa};
     hs_pool_run(pool, matmul_task, &t);
     if (packed.data != w->data) free(packed.data);
     free(qa);
+    free(wa);
 }
 
 /* ---- elementwise ------------------------------------------------------------------------- */
@@ -441,30 +507,50 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
     return (size_t)block * t->m->block_size + p % t->m->block_size;
 }
 
-/* The attention of a step is split into items: one KV head of one token over one span of
- * ATTN_SPAN of its positions, all the query heads sharing that KV head at once (attend_f16). A
- * long context thus spreads over the pool even for one token, and a token's items depend on its
+/* The attention of a step is split into items: one KV head of a block of tokens over one span
+ * of ATTN_SPAN of its positions, all the query heads sharing that KV head at once. A block is
+ * one token (attend_f16, the decode case), or, where the kernels have attend_rows, up to
+ * HS_ATTN_ROWS / heads-per-KV-head consecutive tokens of a sequence in the same span (a prefill
+ * chunk: each K and V row converted and loaded once for all of them). A long context thus
+ * spreads over the pool even for one token, and a one-token block's items depend on its
  * position alone, never on the rest of the batch. A token with several spans keeps each span's
  * running max, sum and output in `partial`, combined in span order afterwards (attn_combine). */
 #define ATTN_SPAN 256
 
 static int attn_spans(int32_t pos) { return (pos + ATTN_SPAN) / ATTN_SPAN; }
 
-/* Items and partial offsets of the step. Returns 1 when a token has several spans (they need
- * attn_combine), 0 when none has, -1 when out of memory. */
-static int attn_plan(hs_model *m, int n, const int32_t *pos) {
+/* Tokens per block: 1 unless attend_rows can take the heads of several. */
+static int block_tokens(const hs_model *m) {
+    const hs_config *c = &m->c;
+    const int group = c->n_head / c->n_head_kv;
+    if (!m->k->attend_rows || c->head_dim % 16 || c->head_dim > HS_ATTN_HD || group > HS_ATTN_ROWS)
+        return 1;
+    return HS_ATTN_ROWS / group;
+}
+
+/* Blocks, items and partial offsets of the step. Returns 1 when a token has several spans (they
+ * need attn_combine), 0 when none has, -1 when out of memory. */
+static int attn_plan(hs_model *m, int n, const int32_t *pos, const int32_t *seq) {
     const hs_config *c = &m->c;
     const size_t per_span = (size_t)c->n_head * (c->head_dim + 2);
+    const int most = block_tokens(m);
     size_t part = 0;
-    int items = 0;
+    int items = 0, b = 0;
     for (int i = 0; i < n; i++) {
         const int spans = attn_spans(pos[i]);
-        m->attn_first[i] = items;
-        items += c->n_head_kv * spans;
         m->attn_part[i] = part;
         if (spans > 1) part += per_span * (size_t)spans;
+        const int head = b == 0 ? -1 : m->attn_block[b - 1], len = i - head;
+        if (head >= 0 && len < most && seq[i] == seq[i - 1] && pos[i] == pos[i - 1] + 1 &&
+            pos[i] / ATTN_SPAN == pos[head] / ATTN_SPAN)
+            continue; /* joins the block of token i - 1 */
+        m->attn_block[b] = i;
+        m->attn_first[b++] = items;
+        items += c->n_head_kv * spans;
     }
-    m->attn_first[n] = items;
+    m->attn_block[b] = n;
+    m->attn_first[b] = items;
+    m->attn_blocks = b;
     if (part > m->partial_cap) {
         free(m->partial);
         m->partial = aligned(part * 4);
@@ -472,6 +558,23 @@ static int attn_plan(hs_model *m, int n, const int32_t *pos) {
         if (!m->partial) return -1;
     }
     return part > 0;
+}
+
+/* Head h of token i, this span's output (spans == 1: final, divided by its sum; otherwise kept
+ * with its running max and sum for attn_combine). */
+static void attn_store(hs_model *m, int i, int h, int span, int spans, const float *acc, float mx,
+                       float sum) {
+    const hs_config *c = &m->c;
+    const int hd = c->head_dim;
+    if (spans == 1) {
+        float *out = m->att + (size_t)i * c->n_head * hd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) out[d] = acc[d] / sum;
+        return;
+    }
+    float *part = m->partial + m->attn_part[i] + ((size_t)span * c->n_head + h) * (hd + 2);
+    memcpy(part, acc, sizeof(float) * (size_t)hd);
+    part[hd] = mx;
+    part[hd + 1] = sum;
 }
 
 static void attn_task(void *p, int ith, int nth) {
@@ -482,40 +585,49 @@ static void attn_task(void *p, int ith, int nth) {
     const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
     const float scale = 1.0f / sqrtf((float)hd);
     const hs_fp16 *kp[ATTN_SPAN], *vp[ATTN_SPAN];
-    float mx[HS_ATTN_GROUP], sum[HS_ATTN_GROUP];
-    int w0, w1, i = 0;
-    hs_split(m->attn_first[t->n], 1, ith, nth, &w0, &w1);
+    float mx[SPAN_ROWS], sum[SPAN_ROWS];
+    float *acc_base = m->span_acc + (size_t)ith * SPAN_ROWS * hd;
+    int w0, w1, b = 0;
+    hs_split(m->attn_first[m->attn_blocks], 1, ith, nth, &w0, &w1);
     for (int w = w0; w < w1; w++) {
-        while (m->attn_first[i + 1] <= w) i++;
-        const int spans = attn_spans(t->pos[i]), item = w - m->attn_first[i];
+        while (m->attn_first[b + 1] <= w) b++;
+        const int i0 = m->attn_block[b], tokens = m->attn_block[b + 1] - i0;
+        const int spans = attn_spans(t->pos[i0]), item = w - m->attn_first[b];
         const int kvh = item / spans, span = item % spans;
-        const int p0 = span * ATTN_SPAN, len = t->pos[i] + 1;
+        const int p0 = span * ATTN_SPAN, len = t->pos[i0 + tokens - 1] + 1;
         const int count = len - p0 < ATTN_SPAN ? len - p0 : ATTN_SPAN;
         for (int j = 0; j < count; j++) {
-            const size_t row = layer_off + slot_of(t, t->seq[i], p0 + j) * kvd + (size_t)kvh * hd;
+            const size_t row = layer_off + slot_of(t, t->seq[i0], p0 + j) * kvd + (size_t)kvh * hd;
             kp[j] = m->k_cache + row;
             vp[j] = m->v_cache + row;
         }
+        if (tokens > 1) { /* a block: every head of every token in one attend_rows call */
+            const float *q[HS_ATTN_ROWS];
+            float *acc[HS_ATTN_ROWS];
+            int lim[HS_ATTN_ROWS], r = 0;
+            for (int i = i0; i < i0 + tokens; i++)
+                for (int g = 0; g < group; g++, r++) {
+                    q[r] = m->q + (size_t)i * c->n_head * hd + (size_t)(kvh * group + g) * hd;
+                    acc[r] = acc_base + (size_t)r * hd;
+                    lim[r] = t->pos[i] + 1 - p0;
+                    mx[r] = -INFINITY, sum[r] = 0.0f;
+                }
+            memset(acc_base, 0, sizeof(float) * (size_t)r * hd);
+            m->k->attend_rows(hd, r, scale, q, lim, kp, vp, count, mx, sum, acc);
+            r = 0;
+            for (int i = i0; i < i0 + tokens; i++)
+                for (int g = 0; g < group; g++, r++)
+                    attn_store(m, i, kvh * group + g, span, spans, acc[r], mx[r], sum[r]);
+            continue;
+        }
         for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += HS_ATTN_GROUP) {
             const int left = (kvh + 1) * group - h0, ng = left < HS_ATTN_GROUP ? left : HS_ATTN_GROUP;
-            float *out = m->att + (size_t)i * c->n_head * hd + (size_t)h0 * hd;
-            float *acc = spans == 1 ? out : m->span_acc + (size_t)ith * HS_ATTN_GROUP * hd;
             for (int g = 0; g < ng; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
-            memset(acc, 0, sizeof(float) * (size_t)ng * hd);
-            m->k->attend_f16(hd, ng, scale, m->q + (size_t)i * c->n_head * hd + (size_t)h0 * hd,
-                             kp, vp, count, mx, sum, acc);
-            for (int g = 0; g < ng; g++) {
-                if (spans == 1) {
-                    for (int d = 0; d < hd; d++) out[(size_t)g * hd + d] /= sum[g];
-                    continue;
-                }
-                /* head h0 + g of this span: its output, then its running max and sum */
-                float *part = m->partial + m->attn_part[i]
-                            + ((size_t)span * c->n_head + h0 + g) * (hd + 2);
-                memcpy(part, acc + (size_t)g * hd, sizeof(float) * (size_t)hd);
-                part[hd] = mx[g];
-                part[hd + 1] = sum[g];
-            }
+            memset(acc_base, 0, sizeof(float) * (size_t)ng * hd);
+            m->k->attend_f16(hd, ng, scale, m->q + (size_t)i0 * c->n_head * hd + (size_t)h0 * hd,
+                             kp, vp, count, mx, sum, acc_base);
+            for (int g = 0; g < ng; g++)
+                attn_store(m, i0, h0 + g, span, spans, acc_base + (size_t)g * hd, mx[g], sum[g]);
         }
     }
 }
@@ -643,16 +755,42 @@ static void run_tokens(hs_model *m, int n, hs_task task, void *ctx) {
 
 /* ---- the step ------------------------------------------------------------------------------ */
 
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Runs the statement, adding its wall time to phase p while profiling is on. */
+#define PHASE(p, ...)                                                                           \
+    do {                                                                                       \
+        const double t0_ = m->profiling ? seconds() : 0.0;                                     \
+        __VA_ARGS__;                                                                           \
+        if (m->profiling) m->profile[p] += seconds() - t0_;                                    \
+    } while (0)
+
+void hs_model_set_profiling(hs_model *m, int on) {
+    m->profiling = on != 0;
+    memset(m->profile, 0, sizeof m->profile);
+}
+
+int hs_model_profile(const hs_model *m, const char *const **names, const double **seconds_out) {
+    *names = phase_names;
+    *seconds_out = m->profile;
+    return P_COUNT;
+}
+
 /* One pass of the layers over n validated tokens. */
 static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t *pos,
                         const int32_t *seq, const int32_t *block_tables, int max_blocks,
                         const int32_t *logit_index, int n_logits, float *logits) {
     const hs_config *c = &m->c;
-    const int several = grow(m, n) == 0 ? attn_plan(m, n, pos) : -1; /* spans to combine */
+    const int several = grow(m, n) == 0 ? attn_plan(m, n, pos, seq) : -1; /* spans to combine */
     if (several < 0) return -1;
     const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
+    const double t_embed = m->profiling ? seconds() : 0.0;
     for (int i = 0; i < n; i++) {
         const char *src = (const char *)emb->data + (size_t)tokens[i] * emb->row_bytes;
         if (row) {
@@ -669,30 +807,35 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
             m->rope_cos[(size_t)i * half + j] = cosf(theta);
             m->rope_sin[(size_t)i * half + j] = sinf(theta);
         }
+    if (m->profiling) m->profile[P_EMBED] += seconds() - t_embed;
     for (int l = 0; l < c->n_layer; l++) {
         const hs_layer *L = &m->layers[l];
         const size_t layer_off = (size_t)l * m->n_blocks * m->block_size * kvd;
         at.layer = l;
         token_ctx tc = {m, L, L->attn_norm, l > 0, &at, layer_off};
-        run_tokens(m, n, residual_norm_task, &tc); /* the previous layer's FFN residual */
-        matmul3(m, n, m->xb, d, 1, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v);
-        run_tokens(m, n, qkv_post_task, &tc);
-        hs_pool_run(m->pool, attn_task, &at);
-        if (several) hs_pool_run(m->pool, attn_combine, &at);
-        matmul3(m, n, m->att, qd, 0, &L->wo, m->xb, NULL, NULL, NULL, NULL);
+        PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &tc)); /* the previous FFN residual */
+        PHASE(P_QKV, matmul3(m, n, m->xb, d, 1, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v));
+        PHASE(P_ROPE_KV, run_tokens(m, n, qkv_post_task, &tc));
+        PHASE(P_ATTN, {
+            hs_pool_run(m->pool, attn_task, &at);
+            if (several) hs_pool_run(m->pool, attn_combine, &at);
+        });
+        PHASE(P_WO, matmul3(m, n, m->att, qd, 0, &L->wo, m->xb, NULL, NULL, NULL, NULL));
         tc.norm = L->ffn_norm;
         tc.add = 1;
-        run_tokens(m, n, residual_norm_task, &tc);
-        matmul3(m, n, m->xb, d, 1, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL);
-        swiglu(m, n);
-        matmul3(m, n, m->gate, c->n_ff, 1, &L->w_down, m->xb, NULL, NULL, NULL, NULL);
+        PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &tc));
+        PHASE(P_GATE_UP, matmul3(m, n, m->xb, d, 1, &L->w_gate, m->gate, &L->w_up, m->up, NULL, NULL));
+        PHASE(P_SWIGLU, swiglu(m, n));
+        PHASE(P_DOWN, matmul3(m, n, m->gate, c->n_ff, 1, &L->w_down, m->xb, NULL, NULL, NULL, NULL));
     }
     token_ctx last = {m, NULL, NULL, 1, &at, 0};
-    run_tokens(m, n, residual_norm_task, &last);
+    PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &last));
     const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
-    for (int i = 0; i < n_logits; i++)
-        rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
-    if (n_logits > 0) matmul3(m, n_logits, m->xb, d, 0, out, logits, NULL, NULL, NULL, NULL);
+    PHASE(P_LOGITS, {
+        for (int i = 0; i < n_logits; i++)
+            rmsnorm(m->k, m->xb + (size_t)i * d, m->x + (size_t)logit_index[i] * d, m->output_norm, d, c->eps);
+        if (n_logits > 0) matmul3(m, n_logits, m->xb, d, 0, out, logits, NULL, NULL, NULL, NULL);
+    });
     return 0;
 }
 

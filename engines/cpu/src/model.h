@@ -64,12 +64,21 @@ int hs_model_forward(hs_model *model, int n, const int32_t *tokens, const int32_
                      const int32_t *seq, const int32_t *block_tables, int n_seqs,
                      int max_blocks, const int32_t *logit_index, int n_logits, float *logits);
 
+/* Per-phase wall time of steps (embed, norm, qkv, rope_kv, attention, o_proj, gate_up, swiglu,
+ * down, logits), summed while profiling is on: set_profiling turns it on or off and zeroes the
+ * sums; hs_model_profile points at the phase names and their seconds, returns their count.
+ * Off by default (two clock reads per phase when on). */
+void hs_model_set_profiling(hs_model *model, int on);
+int hs_model_profile(const hs_model *model, const char *const **names, const double **seconds);
+
 /* 64-byte aligned memory (free with free()); from 2 MiB up, 2 MiB aligned and advised onto
  * transparent huge pages. Weights, the KV cache and the bandwidth probe use it. */
 void *hs_alloc_large(size_t bytes);
 
 /* The parallel quantized matrix product used by the model, for tests and benchmarks:
- * out[n][rows] = x[n][cols] @ W^T. */
+ * out[n][rows] = x[n][cols] @ W^T. From hs_wide_min_rows() activation rows on (48, or
+ * HETEROSERVE_WIDE_MIN), a variant with a matrix unit (k->wide) computes it there. */
+int hs_wide_min_rows(void);
 void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
                const float *x, float *out);
 

@@ -1,22 +1,40 @@
-/* AVX-512 VNNI + AMX-INT8 (Sapphire Rapids and later): the avx512vnni variant - same packed
- * weights and activations, same 4x4 register tiles for small batches - with batched products of
- * 16 or more activation rows on the tile unit.
+/* AVX-512 VNNI + AMX (Sapphire Rapids and later): the avx512vnni variant - same packed weights
+ * and activations, same 4x4 register tiles for one to a few activation rows - with the products
+ * of more activation rows on the tile unit, two ways (model.c picks by the number of rows):
  *
- * One `tdpbusd` multiplies 16 weight rows by 16 activation rows over a block of 32 elements (u8 x
- * s8 into int32); the 16 x 16 result is scaled per block on the vector unit (offset correction,
- * convert, weight x activation scale, FMA) into float accumulators, while the tile unit already
- * multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip is
- * copied into a 16 x 32 scratch tile first (q4_0/q4_1 nibbles unpacked, q8_0's packed halves
- * joined). Activations: each block's 16 columns are gathered once per call into the tile layout
- * (four int8 per int32 lane, one lane per column), with each column's scale and offset
- * correction. */
+ * int8 (wide8_*, from 16 rows): one tdpbusd multiplies 16 weight rows by 16 activation rows over
+ * a block of 32 elements (u8 x s8 into int32); a q4_0/q8_0 weight has a scale per block, so the
+ * 16 x 16 result leaves the tile after every block to be scaled on the vector unit (offset
+ * correction, convert, weight x activation scale, FMA) into float accumulators, while the tile
+ * unit multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip
+ * is copied into a 16 x 32 scratch tile first (q4_0/q4_1 nibbles unpacked, q8_0's packed halves
+ * joined); activations: each block's 16 columns gathered once per call into the tile layout.
+ * That scaling, about 80 vector operations per 16 x 16 x 32 block, bounds it: cheap next to the
+ * weights' stream for a decode batch, far below the tile unit's speed for a prefill chunk.
+ *
+ * bf16 (wide, from HETEROSERVE_WIDE_MIN rows, a prefill chunk): each weight strip is dequantized
+ * to bf16 (value x scale) once per call, however many activation rows it then meets, and the tile
+ * unit sums over K in fp32 tiles (tdpbf16ps: 16 x 16 x 32 products per instruction) that the
+ * vector unit touches only at the end. Activations are the floats rounded to bf16: 8 significant
+ * bits per element, against an int8 step of max|block| / 127 in the other kernels. Tiles: 0-3 C
+ * (fp32 16 x 16: weight rows 0-15 / 16-31 of the strip x activation group 0 / 1 of the pair), 4-5
+ * A (16 weight rows x 32 bf16 of one chunk of K), 6-7 B (one chunk of one activation group: 16
+ * rows of element pairs x 16 activation rows, wide_pack's layout): 32 weight rows x 32 activation
+ * rows per pass, each tile loaded serving two products. K is walked in blocks of KBLOCK chunks of
+ * 32: the strip's dequantized block (64 KiB) and the activations' block stay in L2 while the
+ * strips and activation pairs pass over them; C tiles are parked in a per-thread buffer between
+ * blocks.
+ *
+ * And attend_rows: the attention of a prefill chunk, several query rows per K/V row, on the tile
+ * unit too. */
 #define HS_AMX 1
 #include "x86_avx512.c"
 
 #include <stdlib.h>
 
-#define AMX_N 16 /* activation rows (columns of the tile) */
-#define AMX_M 16 /* weight rows */
+#define KBLOCK 32        /* chunks (of HS_QK elements) per K block */
+#define STRIP 32         /* weight rows per pass: two A tiles */
+#define TILE_BYTES 1024  /* one tile: 16 rows x 64 bytes */
 
 typedef struct {
     uint8_t palette, start_row;
@@ -24,6 +42,11 @@ typedef struct {
     uint16_t colsb[16];
     uint8_t rows[16];
 } tile_config;
+
+/* ---- int8 tile products (tdpbusd) of 16 to a few tens of activation rows ------------------ */
+
+#define AMX_N 16 /* activation rows (columns of the tile) */
+#define AMX_M 16 /* weight rows */
 
 /* One block of 16 activation rows in tile layout. */
 typedef struct {
@@ -37,7 +60,7 @@ typedef struct {
 /* Tiles 0, 1: C (16 x 16 int32) of even and odd blocks; 2, 3: their weights (16 rows x 32 u8:
  * the block's elements 0..15 then 16..31); 4, 5: their activations (8 rows x 16 columns x 4). Two
  * blocks in flight: the tile unit multiplies one while the vector unit scales the other. */
-static void configure_tiles(void) {
+static void configure_tiles_i8(void) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -170,7 +193,7 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
 static __thread amx_block *scratch;
 static __thread size_t scratch_blocks;
 
-static inline __attribute__((always_inline)) int wide(int kind, int nb, const void *w,
+static inline __attribute__((always_inline)) int wide8(int kind, int nb, const void *w,
                                                       size_t wstride, int nrows, const void *a,
                                                       size_t astride, int ncols, float *out,
                                                       size_t ostride) {
@@ -185,7 +208,7 @@ static inline __attribute__((always_inline)) int wide(int kind, int nb, const vo
         }
         scratch_blocks = (size_t)nb;
     }
-    configure_tiles();
+    configure_tiles_i8();
     for (int c0 = 0; c0 < done; c0 += AMX_N) {
         gather_blocks(kind, nb, (const char *)a + (size_t)c0 * astride, astride, scratch);
         for (int r = 0; r < nrows; r += AMX_M) {
@@ -199,25 +222,399 @@ static inline __attribute__((always_inline)) int wide(int kind, int nb, const vo
     return done;
 }
 
-static int wide_q4_0(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
+static int wide8_q4_0(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
                      int ncols, float *out, size_t os) {
-    return wide(Q4_0, nb, w, ws, nrows, a, as, ncols, out, os);
+    return wide8(Q4_0, nb, w, ws, nrows, a, as, ncols, out, os);
 }
-static int wide_q4_1(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
+static int wide8_q4_1(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
                      int ncols, float *out, size_t os) {
-    return wide(Q4_1, nb, w, ws, nrows, a, as, ncols, out, os);
+    return wide8(Q4_1, nb, w, ws, nrows, a, as, ncols, out, os);
 }
-static int wide_q8_0(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
+static int wide8_q8_0(int nb, const void *w, size_t ws, int nrows, const void *a, size_t as,
                      int ncols, float *out, size_t os) {
-    return wide(Q8_0, nb, w, ws, nrows, a, as, ncols, out, os);
+    return wide8(Q8_0, nb, w, ws, nrows, a, as, ncols, out, os);
+}
+
+/* ---- bf16 tile products (tdpbf16ps) of many activation rows ------------------------------ */
+
+static void configure_tiles(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.rows[t] = 16;
+        c.colsb[t] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* 16 x 16 32-bit elements: lane j of r[i] goes to lane i of r[j]. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) { /* r[i + j], lane L: column 4L + j of rows i..i+3 */
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* 32 floats -> 32 bf16 (round to nearest even), element order kept: lo is elements 0..15. */
+static inline __m512i bf16x32(__m512 lo, __m512 hi) {
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+static size_t wide_group_bytes(int cols) { return (size_t)(cols / HS_QK) * TILE_BYTES; }
+
+/* One group of 16 activation rows: per chunk of 32 elements a B tile, row k holding elements
+ * (2k, 2k+1) of each of the 16 rows (rows past `rows` zero). */
+static void wide_pack(const float *x, int cols, int rows, void *dst) {
+    const int nck = cols / HS_QK;
+    for (int ck = 0; ck < nck; ck++) {
+        __m512i r[16];
+        for (int t = 0; t < 16; t++) {
+            const float *p = x + (size_t)t * cols + (size_t)ck * HS_QK;
+            r[t] = t < rows ? bf16x32(_mm512_loadu_ps(p), _mm512_loadu_ps(p + 16))
+                            : _mm512_setzero_si512();
+        }
+        transpose16(r);
+        char *tile = (char *)dst + (size_t)ck * TILE_BYTES;
+        for (int k = 0; k < 16; k++) _mm512_store_si512(tile + 64 * k, r[k]);
+    }
+}
+
+/* Block b of a packed weight row as 32 floats (lo: elements 0..15, hi: 16..31). */
+static inline void dequant_block(int kind, int nb, const uint8_t *row, int b, __m512 *lo,
+                                 __m512 *hi) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    __m128i ql, qh;
+    float d, bias;
+    if (kind == Q8_0) { /* packed halves of a group of four blocks, stored as x + 128 */
+        const int g = b / GROUP, j = b % GROUP, t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+        const uint8_t *q = row + (size_t)g * GROUP * 32 + (size_t)j * 16;
+        ql = _mm_loadu_si128((const __m128i *)q);
+        qh = _mm_loadu_si128((const __m128i *)(q + (size_t)t * 16));
+        d = _cvtsh_ss(((const hs_fp16 *)(row + (size_t)nb * 32))[b]);
+        bias = -128.0f * d;
+    } else {
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(row + (size_t)b * 16));
+        ql = _mm_and_si128(raw, low4);
+        qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+        const hs_fp16 *s = (const hs_fp16 *)(row + (size_t)nb * 16);
+        d = _cvtsh_ss(s[b]);
+        bias = kind == Q4_1 ? _cvtsh_ss(s[nb + b]) : -8.0f * d;
+    }
+    const __m512 vd = _mm512_set1_ps(d), vb = _mm512_set1_ps(bias);
+    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ql)), vd, vb);
+    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(qh)), vd, vb);
+}
+
+/* Chunks [ck0, ck1) of the strip's weight rows [0, rows) as bf16 A tiles: chunk c at
+ * wt + (c - ck0) * 2 tiles, rows 0-15 then 16-31; rows past `rows` zero. The next strip's same
+ * chunks are prefetched meanwhile: they are what the next strip reads. */
+static void dequant_strip(int kind, int nb, const uint8_t *w, size_t wstride, int rows,
+                          int more, int ck0, int ck1, char *wt) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    for (int r = 0; r < STRIP; r++) {
+        char *dst = wt + (size_t)r * 64;
+        if (r >= rows) {
+            for (int b = ck0; b < ck1; b++)
+                _mm512_store_si512(dst + (size_t)(b - ck0) * 2 * TILE_BYTES, _mm512_setzero_si512());
+            continue;
+        }
+        const uint8_t *row = w + (size_t)r * wstride;
+        if (r < more) {
+            const char *next = (const char *)row + STRIP * wstride;
+            for (size_t at = (size_t)ck0 * qbytes; at < (size_t)ck1 * qbytes; at += 64)
+                _mm_prefetch(next + at, _MM_HINT_T0);
+            _mm_prefetch(next + (size_t)nb * qbytes + 2 * (size_t)ck0, _MM_HINT_T0);
+        }
+        for (int b = ck0; b < ck1; b++) {
+            __m512 lo, hi;
+            dequant_block(kind, nb, row, b, &lo, &hi);
+            _mm512_store_si512(dst + (size_t)(b - ck0) * 2 * TILE_BYTES, bf16x32(lo, hi));
+        }
+    }
+}
+
+/* A 16 x 16 C tile (weight row m, activation row t at c[16 m + t]) into out[t * ostride + m]
+ * for the valid rows and activation rows. */
+static inline void put_tile(const float *c, float *out, size_t ostride, int rows, int acts) {
+    if (rows <= 0 || acts <= 0) return;
+    __m512i r[16];
+    for (int m = 0; m < 16; m++) r[m] = _mm512_load_si512(c + 16 * m);
+    transpose16(r);
+    const __mmask16 mask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+    for (int t = 0; t < acts && t < 16; t++)
+        _mm512_mask_storeu_ps(out + (size_t)t * ostride, mask, _mm512_castsi512_ps(r[t]));
+}
+
+/* Per-thread scratch (pool threads live as long as the process): one K block of a dequantized
+ * strip, and the C tiles parked between K blocks (grown to the largest call seen). */
+static __thread char *strip_buf;
+static __thread float *c_buf;
+static __thread size_t c_floats;
+
+static int wide(int type, int cols, const void *w, size_t wstride, int nrows, const void *act,
+                int n, float *out, size_t ostride) {
+    const int kind = type == HS_Q4_0 ? Q4_0 : type == HS_Q4_1 ? Q4_1 : Q8_0;
+    const int nck = cols / HS_QK, pairs = (n + 31) / 32, strips = (nrows + STRIP - 1) / STRIP;
+    const int nkb = (nck + KBLOCK - 1) / KBLOCK;
+    const size_t group = wide_group_bytes(cols), parked = nkb > 1 ? (size_t)strips * pairs * 1024 : 0;
+    if (!strip_buf && posix_memalign((void **)&strip_buf, 64, (size_t)KBLOCK * 2 * TILE_BYTES) != 0) {
+        strip_buf = NULL;
+        return -1;
+    }
+    if (parked > c_floats) {
+        free(c_buf);
+        if (posix_memalign((void **)&c_buf, 64, parked * sizeof(float)) != 0) {
+            c_buf = NULL;
+            c_floats = 0;
+            return -1;
+        }
+        c_floats = parked;
+    }
+    _Alignas(64) float c[4][256];
+    configure_tiles();
+    for (int kb = 0; kb < nkb; kb++) {
+        const int ck0 = kb * KBLOCK, ck1 = nck - ck0 < KBLOCK ? nck : ck0 + KBLOCK;
+        for (int s = 0; s < strips; s++) {
+            const int r0 = s * STRIP, rows = nrows - r0 < STRIP ? nrows - r0 : STRIP;
+            dequant_strip(kind, nck, (const uint8_t *)w + (size_t)r0 * wstride, wstride, rows,
+                          nrows - r0 - STRIP, ck0, ck1, strip_buf);
+            for (int p = 0; p < pairs; p++) {
+                float *cb = c_buf + ((size_t)s * pairs + p) * 1024;
+                if (kb == 0) {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                } else {
+                    _tile_loadd(0, cb, 64);
+                    _tile_loadd(1, cb + 256, 64);
+                    _tile_loadd(2, cb + 512, 64);
+                    _tile_loadd(3, cb + 768, 64);
+                }
+                const char *b0 = (const char *)act + (size_t)(2 * p) * group, *b1 = b0 + group;
+                for (int ck = ck0; ck < ck1; ck++) {
+                    const char *a = strip_buf + (size_t)(ck - ck0) * 2 * TILE_BYTES;
+                    _tile_loadd(4, a, 64);
+                    _tile_loadd(5, a + TILE_BYTES, 64);
+                    _tile_loadd(6, b0 + (size_t)ck * TILE_BYTES, 64);
+                    _tile_loadd(7, b1 + (size_t)ck * TILE_BYTES, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                if (kb + 1 < nkb) {
+                    _tile_stored(0, cb, 64);
+                    _tile_stored(1, cb + 256, 64);
+                    _tile_stored(2, cb + 512, 64);
+                    _tile_stored(3, cb + 768, 64);
+                    continue;
+                }
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+                _tile_stored(2, c[2], 64);
+                _tile_stored(3, c[3], 64);
+                const int t0 = 32 * p;
+                float *o = out + (size_t)t0 * ostride + r0;
+                put_tile(c[0], o, ostride, rows, n - t0);
+                put_tile(c[1], o + 16 * ostride, ostride, rows, n - t0 - 16);
+                put_tile(c[2], o + 16, ostride, rows - 16, n - t0);
+                put_tile(c[3], o + 16 * ostride + 16, ostride, rows - 16, n - t0 - 16);
+            }
+        }
+    }
+    _tile_release();
+    return 0;
+}
+
+/* ---- attention of a prefill chunk: several query rows per K/V row ------------------------- */
+
+/* e^x for 16 floats (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial in r,
+ * then 2^n by scalef; relative error about 1e-7). x = -inf (or below about -104) gives 0. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 16 floats -> bf16 (nearest even) in the low half, and back to floats. */
+static inline __m512 bf16_back(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* 32 floats as bf16 hi + lo words (hi = bf16(x), lo = bf16(x - hi): 16 significant bits together),
+ * element order kept (see bf16x32). */
+static inline void split32(__m512 x0, __m512 x1, __m512i *hi, __m512i *lo) {
+    *hi = bf16x32(x0, x1);
+    const __m512 r0 = _mm512_sub_ps(x0, bf16_back(_mm512_castsi512_si256(*hi)));
+    const __m512 r1 = _mm512_sub_ps(x1, bf16_back(_mm512_extracti64x4_epi64(*hi, 1)));
+    *lo = bf16x32(r0, r1);
+}
+
+/* Positions 32 at a time on the tile unit. Scores: Q (scaled) and K each split into bf16 hi + lo
+ * parts, S = Qh Kh + Qh Kl + Ql Kh in fp32 (about 16 significant bits per factor, as fp16 K holds
+ * 11), K transposed into the B-tile layout per 16 positions and 32 dimensions; the online softmax
+ * on the vector unit (exp16); then P (bf16, in [0, 1]) times V (bf16 pairs of positions per 16
+ * dimensions) into fresh C tiles, added to each row's rescaled accumulator. Tiles: 0-1 S of
+ * positions 0-15 / 16-31 (later: one 16-dimension part of P V), 2-3 Q hi / lo of a 32-dimension
+ * chunk (later 4: P), 4-7 K hi / lo of the two position halves (later 5: a V part). */
+static void attend_rows(int hd, int nq, float scale, const float *const *q, const int *lim,
+                        const hs_fp16 *const *k, const hs_fp16 *const *v, int count, float *m,
+                        float *l, float *const *acc) {
+    enum { NC = HS_ATTN_HD / 32 };
+    _Alignas(64) uint8_t qt[2][NC][TILE_BYTES];     /* Q hi, lo: 16 rows x 32 bf16 per chunk */
+    _Alignas(64) uint8_t kt[2][NC][2][TILE_BYTES];  /* K hi, lo per chunk and position half */
+    _Alignas(64) uint8_t vt[HS_ATTN_HD / 16][TILE_BYTES]; /* V: 16 position pairs x 16 dims */
+    _Alignas(64) uint16_t pb[16][32];                /* P: 16 rows x 32 positions, bf16 */
+    _Alignas(64) float s[2][16][16], o[16][16], rescale[16];
+    const int nc = hd / 32;
+    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i pairs = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003,
+                                            0x00240004, 0x00250005, 0x00260006, 0x00270007,
+                                            0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
+                                            0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < 16; r++) {
+            __m512i h = _mm512_setzero_si512(), lo = h;
+            if (r < nq)
+                split32(_mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c), vscale),
+                        _mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c + 16), vscale), &h, &lo);
+            _mm512_store_si512(qt[0][c] + 64 * r, h);
+            _mm512_store_si512(qt[1][c] + 64 * r, lo);
+        }
+    configure_tiles();
+    for (int p0 = 0; p0 < count; p0 += 32) {
+        const int np = count - p0 < 32 ? count - p0 : 32;
+        int live = 0;
+        for (int r = 0; r < nq; r++) live |= lim[r] > p0;
+        if (!live) break; /* lim[r] <= count: no later block has any either */
+        for (int half = 0; half < 2; half++)
+            for (int c = 0; c < nc; c++) {
+                __m512i th[16], tl[16];
+                for (int p = 0; p < 16; p++) {
+                    const int at = p0 + 16 * half + p;
+                    if (16 * half + p < np) {
+                        const __m512i raw = _mm512_loadu_si512(k[at] + 32 * c);
+                        split32(_mm512_cvtph_ps(_mm512_castsi512_si256(raw)),
+                                _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1)), &th[p], &tl[p]);
+                    } else {
+                        th[p] = tl[p] = _mm512_setzero_si512();
+                    }
+                }
+                transpose16(th);
+                transpose16(tl);
+                for (int j = 0; j < 16; j++) {
+                    _mm512_store_si512(kt[0][c][half] + 64 * j, th[j]);
+                    _mm512_store_si512(kt[1][c][half] + 64 * j, tl[j]);
+                }
+            }
+        for (int pp = 0; pp < 16; pp++) /* V: positions 2pp, 2pp + 1 interleaved per dimension */
+            for (int d = 0; d < hd; d += 16) {
+                __m512i row = _mm512_setzero_si512();
+                if (2 * pp < np) {
+                    const __m256i a = (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(
+                        _mm256_loadu_si256((const __m256i *)(v[p0 + 2 * pp] + d))));
+                    const __m256i b = 2 * pp + 1 < np
+                        ? (__m256i)_mm512_cvtneps_pbh(_mm512_cvtph_ps(
+                              _mm256_loadu_si256((const __m256i *)(v[p0 + 2 * pp + 1] + d))))
+                        : _mm256_setzero_si256();
+                    row = _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), pairs,
+                                                    _mm512_castsi256_si512(b));
+                }
+                _mm512_store_si512(vt[d / 16] + 64 * pp, row);
+            }
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int c = 0; c < nc; c++) {
+            _tile_loadd(2, qt[0][c], 64);
+            _tile_loadd(3, qt[1][c], 64);
+            _tile_loadd(4, kt[0][c][0], 64);
+            _tile_loadd(5, kt[0][c][1], 64);
+            _tile_loadd(6, kt[1][c][0], 64);
+            _tile_loadd(7, kt[1][c][1], 64);
+            _tile_dpbf16ps(0, 2, 4);
+            _tile_dpbf16ps(1, 2, 5);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_dpbf16ps(1, 3, 5);
+            _tile_dpbf16ps(0, 2, 6);
+            _tile_dpbf16ps(1, 2, 7);
+        }
+        _tile_stored(0, s[0], 64);
+        _tile_stored(1, s[1], 64);
+        for (int r = 0; r < 16; r++) {
+            if (r >= nq || lim[r] <= p0) {
+                _mm512_store_si512(pb[r], _mm512_setzero_si512());
+                continue;
+            }
+            const int valid = lim[r] - p0 < np ? lim[r] - p0 : np;
+            const __mmask16 m0 = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
+            const __mmask16 m1 = valid <= 16 ? 0 : (__mmask16)((1u << (valid - 16)) - 1);
+            const __m512 s0 = _mm512_mask_mov_ps(ninf, m0, _mm512_load_ps(s[0][r]));
+            const __m512 s1 = _mm512_mask_mov_ps(ninf, m1, _mm512_load_ps(s[1][r]));
+            const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+            const float max = top > m[r] ? top : m[r];
+            const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(s0, _mm512_set1_ps(max))));
+            const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(s1, _mm512_set1_ps(max))));
+            rescale[r] = expf(m[r] - max); /* 0 on the first block (m = -inf) */
+            l[r] = l[r] * rescale[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
+            m[r] = max;
+            _mm512_store_si512(pb[r], bf16x32(e0, e1));
+        }
+        _tile_loadd(4, pb, 64);
+        for (int d = 0; d < hd; d += 16) {
+            _tile_zero(0);
+            _tile_loadd(5, vt[d / 16], 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_stored(0, o, 64);
+            for (int r = 0; r < nq; r++) {
+                if (lim[r] <= p0) continue;
+                float *a = acc[r] + d;
+                _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_loadu_ps(a), _mm512_set1_ps(rescale[r]),
+                                                    _mm512_load_ps(o[r])));
+            }
+        }
+    }
+    _tile_release();
 }
 
 static const hs_kernels table = {
     .name = "amx",
     AVX512_KERNELS,
-    .wide_q4_0 = wide_q4_0,
-    .wide_q4_1 = wide_q4_1,
-    .wide_q8_0 = wide_q8_0,
+    .wide8_q4_0 = wide8_q4_0,
+    .wide8_q4_1 = wide8_q4_1,
+    .wide8_q8_0 = wide8_q8_0,
+    .wide_group_bytes = wide_group_bytes,
+    .wide_pack = wide_pack,
+    .wide = wide,
+    .attend_rows = attend_rows,
 };
 
 const hs_kernels *hs_kernels_amx(void) { return &table; }

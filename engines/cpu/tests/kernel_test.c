@@ -86,11 +86,120 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     check(ok, "attend_f16", k->name);
 }
 
+/* attend_rows against the reference's attend_f16, row by row: head widths of 64 and 128, 3 to
+ * 16 rows each attending its own number of positions (1 to 150: partial 32-position blocks,
+ * rows that stop early), scores close together and hundreds apart. amx computes the scores from
+ * bf16 hi + lo parts (measured: max within 2e-5, sum within 1.4e-4 relative) and P V in bf16
+ * (outputs, weighted means of values in [-1, 1], within 2.4e-3): bounds 1e-4, 5e-4, 4e-3. */
+static void test_attend_rows(const hs_kernels *k, const hs_kernels *ref, unsigned *seed) {
+    enum { HD = 128, COUNT = 150, R = HS_ATTN_ROWS };
+    static hs_fp16 kv[2][COUNT][HD];
+    static float q[R][HD], acc[R][HD];
+    const hs_fp16 *kp[COUNT], *vp[COUNT];
+    for (int p = 0; p < COUNT; p++) {
+        for (int d = 0; d < HD; d++) {
+            kv[0][p][d] = hs_fp32_to_fp16(frand(seed));
+            kv[1][p][d] = hs_fp32_to_fp16(frand(seed));
+        }
+        kp[p] = kv[0][p];
+        vp[p] = kv[1][p];
+    }
+    const int widths[2] = {64, 128}, rows[3] = {3, 12, R}, counts[3] = {1, 17, COUNT};
+    const float scales[2] = {0.125f, 8.0f};
+    float worst[3] = {0}; /* max score, sum, output */
+    for (int si = 0; si < 2; si++)
+    for (int wi = 0; wi < 2; wi++)
+    for (int ri = 0; ri < 3; ri++)
+    for (int ci = 0; ci < 3; ci++) {
+        const int hd = widths[wi], nq = rows[ri], count = counts[ci];
+        const float *qs[R];
+        float *as[R], m[R], l[R];
+        int lim[R];
+        for (int r = 0; r < nq; r++) {
+            for (int d = 0; d < hd; d++) q[r][d] = 2.0f * frand(seed), acc[r][d] = 0.0f;
+            qs[r] = q[r], as[r] = acc[r], m[r] = -INFINITY, l[r] = 0.0f;
+            lim[r] = r == 0 ? count : 1 + (int)((frand(seed) + 1.0f) * 0.5f * (float)(count - 1));
+        }
+        k->attend_rows(hd, nq, scales[si], qs, lim, kp, vp, count, m, l, as);
+        for (int r = 0; r < nq; r++) {
+            float m2 = -INFINITY, l2 = 0.0f, a2[HD] = {0};
+            ref->attend_f16(hd, 1, scales[si], q[r], kp, vp, lim[r], &m2, &l2, a2);
+            worst[0] = fmaxf(worst[0], fabsf(m[r] - m2) / (fabsf(m2) + 1.0f));
+            worst[1] = fmaxf(worst[1], fabsf(l[r] - l2) / l2);
+            for (int d = 0; d < hd; d++)
+                worst[2] = fmaxf(worst[2], fabsf(acc[r][d] / l[r] - a2[d] / l2));
+        }
+    }
+    check(worst[0] <= 1e-4f && worst[1] <= 5e-4f && worst[2] <= 4e-3f, "attend_rows", k->name);
+}
+
+/* The matrix-unit products (k->wide: bf16 weights and activations, fp32 sums) of weights of
+ * `type` against the float product of the dequantized weights: their error must be below that
+ * of the reference's 8-bit activations (measured: about half of it, rms and worst), every output
+ * finite. Shapes: partial weight strips (36, 50 rows), partial activation pairs and groups (50,
+ * 130 rows), one K block (544 columns) and several (3104: 97 chunks, four blocks). */
+static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
+    const int shapes[][3] = {{36, 544, 50}, {50, 3104, 130}, {16, 1056, 64}};
+    const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
+    for (int si = 0; si < 3; si++) {
+        const int rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
+        if (n < hs_wide_min_rows()) continue;
+        float *w = malloc(sizeof(float) * rows * cols), *x = malloc(sizeof(float) * n * cols);
+        float *exact = malloc(sizeof(float) * n * rows), *got = malloc(sizeof(float) * n * rows);
+        float *viaref = malloc(sizeof(float) * n * rows), *deq = malloc(sizeof(float) * cols);
+        for (int i = 0; i < rows * cols; i++) w[i] = frand(seed);
+        for (int i = 0; i < n * cols; i++) x[i] = frand(seed);
+        for (int ti = 0; ti < 3; ti++) {
+            const int type = types[ti];
+            const size_t rb = hs_row_bytes(type, cols);
+            char *q = malloc(rb * rows);
+            for (int r = 0; r < rows; r++) {
+                if (type == HS_Q8_0) hs_quantize_row_q8_0(w + r * cols, (block_q8_0 *)(q + r * rb), cols);
+                if (type == HS_Q4_0) hs_quantize_row_q4_0(w + r * cols, (block_q4_0 *)(q + r * rb), cols);
+                if (type == HS_Q4_1) {
+                    block_q4_1 *b = (block_q4_1 *)(q + r * rb);
+                    for (int j = 0; j < cols / HS_QK; j++) {
+                        b[j].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(seed));
+                        b[j].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(seed));
+                        for (int e = 0; e < HS_QK / 2; e++) b[j].qs[e] = (uint8_t)(*seed = *seed * 1103515245u + 12345u) >> 3;
+                    }
+                }
+            }
+            double scale = 0;
+            for (int r = 0; r < rows; r++) {
+                hs_dequantize_row(type, q + r * rb, deq, cols);
+                for (int c = 0; c < n; c++) {
+                    double sum = 0;
+                    for (int j = 0; j < cols; j++) sum += (double)deq[j] * x[c * cols + j];
+                    exact[c * rows + r] = (float)sum;
+                    scale = fmax(scale, fabs(sum));
+                }
+            }
+            hs_mat mat = {type, rows, cols, rb, q};
+            hs_matmul(pool, k, 0, &mat, n, x, got);
+            hs_matmul(pool, &hs_kernels_ref, 0, &mat, n, x, viaref);
+            double rms = 0, rms_ref = 0, worst = 0, worst_ref = 0;
+            int finite = 1;
+            for (int i = 0; i < n * rows; i++) {
+                const double a = fabs(got[i] - exact[i]), b = fabs(viaref[i] - exact[i]);
+                finite &= isfinite(got[i]);
+                rms += a * a, rms_ref += b * b;
+                worst = fmax(worst, a), worst_ref = fmax(worst_ref, b);
+            }
+            char what[96];
+            snprintf(what, sizeof what, "wide product type %d, %d x %d x %d", type, rows, cols, n);
+            check(finite && rms < rms_ref && worst < worst_ref, what, k->name);
+            free(q);
+        }
+        free(w); free(x); free(exact); free(got); free(viaref); free(deq);
+    }
+}
+
 int main(void) {
     /* 544 columns: 17 blocks, a partial group for the packed x86 layout; 1, 3, 6 and 21
-     * activation rows: the one-row products, an odd column, a second column tile, and a 16-row
-     * tile-unit (AMX) product with five rows left over; 36 weight rows: two 16-row strips and a
-     * partial one. */
+     * activation rows: the one-row products, an odd column, a second column tile, and five
+     * 4-row tiles with one row left over (on a variant with a matrix unit, from
+     * hs_wide_min_rows() rows on, test_wide's instead); 36 weight rows: nine 4-row tiles. */
     enum { ROWS = 36, COLS = 544, N = 21 };
     unsigned seed = 42;
     float *w = malloc(sizeof(float) * ROWS * COLS), *x = malloc(sizeof(float) * N * COLS);
@@ -128,6 +237,7 @@ int main(void) {
             if (!k) continue;
             for (int bi = 0; bi < 4; bi++) {
                 const int n = batches[bi];
+                if (k->wide && n >= hs_wide_min_rows()) continue; /* test_wide's, below */
                 hs_matmul(one, ref, 1, &mat, n, x, expect);
                 float scale = 0;
                 for (int i = 0; i < n * ROWS; i++) scale = fmaxf(scale, fabsf(expect[i]));
@@ -164,6 +274,8 @@ int main(void) {
             }
             check(same, "attend_f16: one V row", k->name);
             test_attend(k, ref, &seed);
+            if (k->wide) test_wide(k, three, &seed);
+            if (k->attend_rows) test_attend_rows(k, ref, &seed);
         }
     }
     int skipped = 0;

@@ -12,8 +12,9 @@ same order is the decoder's own, bit for bit.
 This module repeats, operation for operation, what engines/cpu/src/model.c does with the
 avx512vnni kernel table (x86_avx512.c, x86_common.h, attend.h) - the variant whose results do
 not depend on the batch (the amx variant computes the leading 16-column tiles of a wide step on
-the tile unit, which sums a block in one integer: its results depend on where a token sits in
-the step, so no prefill can match them in general):
+the tile unit, which sums a block in one integer, products of 48 rows or more in bf16, and the
+attention of a prefill chunk's consecutive tokens together: its results depend on where a token
+sits in the step, so no prefill can match them in general):
 
 - integer parts exactly: the products of 8-bit activations and 4- or 8-bit weights are summed
   per SIMD lane (8 elements: 4 of a block's first half and the 4 at +16) with a float32 matrix

@@ -1,0 +1,126 @@
+"""Where a CPU engine step spends its time (a script, not a test): per-phase wall time of the
+engine's own steps (the model's profiling counters: embed, norm, qkv, rope_kv, attention, o_proj,
+gate_up, swiglu, down, logits) for prefill and for decode steps of 1, 8 and 16 sequences, and the
+step rate, for each configuration side by side.
+
+    .venv/bin/python -m tests.bench.cpu_engine_profile --model SPEC [--threads N]
+        [--configs amx,avx512vnni] [--prompts 256,2048] [--batches 1,8,16] [--tokenizer JSON]
+
+SPEC as in cpu_engine_vs_llamacpp (`smollm2:q4_0`, `1.1b:q4_0`, `8b:q8_0`, ...). A configuration
+is a kernel variant, optionally with `@N` (HETEROSERVE_WIDE_MIN=N: activation rows from which the
+products go to the matrix unit), e.g. `amx@16`; each runs in its own process pinned to the first N
+CPUs, on 4 KiB pages (HETEROSERVE_HUGEPAGES=0, as in the llama.cpp comparison). Prefill: one
+warm-up, then the prompt in one call (the engine runs it in sub-steps of 128 tokens); decode:
+`--steps` steps of each batch, each sequence 32 positions in. Figures: milliseconds per call
+(prefill) or per step (decode) for each phase, "other" being the step minus its phases (Python,
+sampling, the call itself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from array import array
+
+from tests.bench.cpu_engine_vs_llamacpp import model_path, prompt_tokens
+
+
+def worker(path: str, threads: int, prompts: list[int], batches: list[int], steps: int) -> dict:
+    import heteroserve_cpu as hc
+
+    from heteroserve_engines.cpu_engine.gguf_model import load_model
+
+    pool = hc.Pool(sorted(os.sched_getaffinity(0))[:threads], threads, pin_caller=True)
+    model, config, _ = load_model(path, pool)
+    sequences, per_seq = max(batches), -(-(max(prompts) + 64) // 16)
+    model.alloc_kv(per_seq * sequences, 16)
+    tables = memoryview(array("i", range(per_seq * sequences))).cast("B").cast(
+        "i", (sequences, per_seq))
+
+    def run(tokens, positions, seqs, logits_at):
+        rows = len(logits_at)
+        return model.sample(array("i", tokens), array("i", positions), array("i", seqs), tables,
+                            array("i", logits_at), [0.0] * rows, [0] * rows, [1.0] * rows,
+                            [0] * rows)[0]
+
+    def timed(label, calls, fn):
+        model.set_profiling(True)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        wall = (time.perf_counter() - start) / calls
+        phases = {k: v / calls for k, v in model.profile.items()}
+        model.set_profiling(False)
+        phases["other"] = max(0.0, wall - sum(phases.values()))
+        return {"label": label, "wall": wall, "phases": phases}
+
+    rows = []
+    for n in prompts:
+        prompt = prompt_tokens(n, config.n_vocab, 1)
+        run(prompt[:256], range(min(n, 256)), [0] * min(n, 256), [min(n, 256) - 1])  # warm-up
+        rows.append(timed(f"prefill {n}", 1, lambda p=prompt, n=n: run(p, range(n), [0] * n,
+                                                                         [n - 1])))
+        rows[-1]["tokens"] = n
+    for batch in batches:
+        tokens = prompt_tokens(batch, config.n_vocab, 3)
+        run(tokens, [31] * batch, range(batch), range(batch))  # warm-up
+        rows.append(timed(f"decode x{batch}", steps,
+                          lambda t=tokens, b=batch: run(t, [32] * b, range(b), range(b))))
+        rows[-1]["tokens"] = batch
+    return {"variant": hc.selected_variant(), "rows": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--configs", default="amx,avx512vnni")
+    parser.add_argument("--prompts", default="256,2048")
+    parser.add_argument("--batches", default="1,8,16")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    prompts = [int(p) for p in args.prompts.split(",") if p]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    if args.worker:
+        print(json.dumps(worker(args.model, args.threads, prompts, batches, args.steps)))
+        return 0
+    name, path = model_path(args.model, args.tokenizer)
+    print(f"## {name}: per-phase time, {args.threads} threads, 4 KiB pages\n")
+    results = {}
+    for config in args.configs.split(","):
+        variant, _, wide_min = config.partition("@")
+        env = dict(os.environ, HETEROSERVE_KERNELS=variant, HETEROSERVE_HUGEPAGES="0")
+        if wide_min:
+            env["HETEROSERVE_WIDE_MIN"] = wide_min
+        out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile", "--worker",
+                              "--model", str(path), "--threads", str(args.threads), "--prompts",
+                              args.prompts, "--batches", args.batches, "--steps",
+                              str(args.steps)], env=env, check=True, capture_output=True,
+                             text=True).stdout
+        results[config] = json.loads(out.strip().splitlines()[-1])
+        if results[config]["variant"] != variant:
+            print(f"note: {config} ran as {results[config]['variant']}")
+    labels = [row["label"] for row in next(iter(results.values()))["rows"]]
+    phases = list(next(iter(results.values()))["rows"][0]["phases"])
+    for i, label in enumerate(labels):
+        print(f"### {label}\n")
+        print("| config | tok/s | ms | " + " | ".join(phases) + " |")
+        print("|---|---|---|" + "---|" * len(phases))
+        for config, res in results.items():
+            row = res["rows"][i]
+            cells = " | ".join(f"{1e3 * row['phases'][p]:.2f}" for p in phases)
+            print(f"| {config} | {row['tokens'] / row['wall']:.1f} | {1e3 * row['wall']:.2f} | "
+                  f"{cells} |")
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
