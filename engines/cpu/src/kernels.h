@@ -57,14 +57,22 @@ typedef struct {
      * whenever m[g] grows. Start from m = -inf, l = 0, acc = 0; the result is acc[g] / l[g]. */
     void (*attend_f16)(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                        const hs_fp16 *const *v, int count, float *m, float *l, float *acc);
-    /* Optional: attention of nq (1..HS_ATTN_ROWS) query rows q[r] that share one KV head -
-     * several heads of several tokens of a sequence - over the `count` positions given, row r
-     * attending the first lim[r] of them (1 <= lim[r] <= count): the online softmax of
-     * attend_f16, m[r], l[r] and acc[r] (hd floats) per row. hd a multiple of 16, at most
-     * HS_ATTN_HD. Each K and V row is converted once for all the rows (a prefill chunk's). */
+    /* Optional: gate[j] = gate[j] / (1 + exp(-gate[j])) * up[j] for j < n (model.c's scalar
+     * loop where absent). */
+    void (*swiglu)(size_t n, float *gate, const float *up);
+    /* Optional, together: the attention of a prefill chunk, several tokens' heads per K/V row.
+     * attend_pack converts positions [from, count) of one KV head's cached rows (k[p], v[p]: hd
+     * fp16 each) into the variant's layout in buf, attend_bytes(hd, count) bytes (what was
+     * packed before `from` is kept: a growing context is packed once). attend_rows: nq
+     * (1..HS_ATTN_ROWS) query rows q[r] that share that KV head, row r attending the first
+     * lim[r] (1 <= lim[r] <= count) of the `count` packed positions: the online softmax of
+     * attend_f16, m[r], l[r] and acc[r] (hd floats) per row. hd a multiple of 32, at most
+     * HS_ATTN_HD. */
+    size_t (*attend_bytes)(int hd, int count);
+    void (*attend_pack)(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
+                        int count, void *buf);
     void (*attend_rows)(int hd, int nq, float scale, const float *const *q, const int *lim,
-                        const hs_fp16 *const *k, const hs_fp16 *const *v, int count, float *m,
-                        float *l, float *const *acc);
+                        const void *buf, int count, float *m, float *l, float *const *acc);
 } hs_kernels;
 
 #define HS_ATTN_ROWS 16  /* query rows per attend_rows call */

@@ -6,6 +6,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#define ATTN_SPAN 256 /* positions per attention item (see attn_task) */
+
 /* Query rows whose one-span outputs a thread holds at once: attend_f16's heads of a token, or
  * attend_rows' rows of a block. */
 #define SPAN_ROWS (HS_ATTN_ROWS > HS_ATTN_GROUP ? HS_ATTN_ROWS : HS_ATTN_GROUP)
@@ -34,6 +36,9 @@ struct hs_model {
      * attn_block[b + 1] and its items start at attn_first[b]; token i's per-span partial results
      * (when it has more than one span) are at attn_part[i] in `partial` */
     int *attn_first, *attn_block, attn_blocks;
+    int attn_spans_max;         /* > 0: the items go KV head, span, block (see attn_task) */
+    char *attn_packed;          /* [threads][attend_bytes(head_dim, ATTN_SPAN)]: packed K/V */
+    size_t attn_packed_bytes;
     size_t *attn_part, partial_cap;
     float *partial;
     float *span_acc;            /* [threads][SPAN_ROWS * head_dim]: one span's outputs */
@@ -117,7 +122,7 @@ void hs_model_destroy(hs_model *m) {
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
     free(m->gate); free(m->up); free(m->qa); free(m->wa);
     free(m->attn_first); free(m->attn_block); free(m->attn_part); free(m->partial);
-    free(m->span_acc);
+    free(m->span_acc); free(m->attn_packed);
     free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
     free(m);
 }
@@ -302,6 +307,11 @@ static int grow(hs_model *m, int n) {
     if (!m->span_acc)
         m->span_acc = aligned(sizeof(float) * (size_t)hs_pool_size(m->pool) * SPAN_ROWS *
                               (size_t)c->head_dim);
+    if (!m->attn_packed && m->k->attend_pack) {
+        m->attn_packed_bytes = (m->k->attend_bytes(c->head_dim, ATTN_SPAN) + 63) / 64 * 64;
+        m->attn_packed = aligned(m->attn_packed_bytes * (size_t)hs_pool_size(m->pool));
+        if (!m->attn_packed) return -1;
+    }
     free(m->attn_first); free(m->attn_block); free(m->attn_part);
     m->attn_first = malloc(sizeof(int) * ((size_t)n + 1));
     m->attn_block = malloc(sizeof(int) * ((size_t)n + 1));
@@ -515,15 +525,13 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
  * spreads over the pool even for one token, and a one-token block's items depend on its
  * position alone, never on the rest of the batch. A token with several spans keeps each span's
  * running max, sum and output in `partial`, combined in span order afterwards (attn_combine). */
-#define ATTN_SPAN 256
-
 static int attn_spans(int32_t pos) { return (pos + ATTN_SPAN) / ATTN_SPAN; }
 
 /* Tokens per block: 1 unless attend_rows can take the heads of several. */
 static int block_tokens(const hs_model *m) {
     const hs_config *c = &m->c;
     const int group = c->n_head / c->n_head_kv;
-    if (!m->k->attend_rows || c->head_dim % 16 || c->head_dim > HS_ATTN_HD || group > HS_ATTN_ROWS)
+    if (!m->k->attend_rows || c->head_dim % 32 || c->head_dim > HS_ATTN_HD || group > HS_ATTN_ROWS)
         return 1;
     return HS_ATTN_ROWS / group;
 }
@@ -535,7 +543,7 @@ static int attn_plan(hs_model *m, int n, const int32_t *pos, const int32_t *seq)
     const size_t per_span = (size_t)c->n_head * (c->head_dim + 2);
     const int most = block_tokens(m);
     size_t part = 0;
-    int items = 0, b = 0;
+    int items = 0, b = 0, spans_max = 0, several = 0;
     for (int i = 0; i < n; i++) {
         const int spans = attn_spans(pos[i]);
         m->attn_part[i] = part;
@@ -547,10 +555,13 @@ static int attn_plan(hs_model *m, int n, const int32_t *pos, const int32_t *seq)
         m->attn_block[b] = i;
         m->attn_first[b++] = items;
         items += c->n_head_kv * spans;
+        spans_max = spans > spans_max ? spans : spans_max;
     }
     m->attn_block[b] = n;
     m->attn_first[b] = items;
     m->attn_blocks = b;
+    for (int j = 0; j < b; j++) several |= m->attn_block[j + 1] - m->attn_block[j] > 1;
+    m->attn_spans_max = several ? spans_max : 0;
     if (part > m->partial_cap) {
         free(m->partial);
         m->partial = aligned(part * 4);
@@ -577,6 +588,11 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
     part[hd + 1] = sum;
 }
 
+/* Items: with one-token blocks only (decode), block by block, each block's KV heads and spans
+ * in turn. With blocks of several tokens (a prefill chunk), KV head, span, then block (items of
+ * blocks with fewer spans left empty): a thread's consecutive items then mostly share a KV head
+ * and span, whose K/V rows it packs once (attend_pack, extended as later blocks see more
+ * positions) for all those blocks' attend_rows. */
 static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *t = p;
     hs_model *m = t->m;
@@ -587,21 +603,37 @@ static void attn_task(void *p, int ith, int nth) {
     const hs_fp16 *kp[ATTN_SPAN], *vp[ATTN_SPAN];
     float mx[SPAN_ROWS], sum[SPAN_ROWS];
     float *acc_base = m->span_acc + (size_t)ith * SPAN_ROWS * hd;
+    char *packed = m->attn_packed ? m->attn_packed + (size_t)ith * m->attn_packed_bytes : NULL;
+    int packed_seq = -1, packed_kvh = -1, packed_span = -1, packed_count = 0;
+    const int nb = m->attn_blocks, smax = m->attn_spans_max;
+    const int total = smax ? c->n_head_kv * smax * nb : m->attn_first[nb];
     int w0, w1, b = 0;
-    hs_split(m->attn_first[m->attn_blocks], 1, ith, nth, &w0, &w1);
+    hs_split(total, 1, ith, nth, &w0, &w1);
     for (int w = w0; w < w1; w++) {
-        while (m->attn_first[b + 1] <= w) b++;
+        int kvh, span;
+        if (smax) {
+            b = w % nb, span = w / nb % smax, kvh = w / nb / smax;
+            if (span >= attn_spans(t->pos[m->attn_block[b]])) continue;
+        } else {
+            while (m->attn_first[b + 1] <= w) b++;
+            const int item = w - m->attn_first[b], spans = attn_spans(t->pos[m->attn_block[b]]);
+            kvh = item / spans, span = item % spans;
+        }
         const int i0 = m->attn_block[b], tokens = m->attn_block[b + 1] - i0;
-        const int spans = attn_spans(t->pos[i0]), item = w - m->attn_first[b];
-        const int kvh = item / spans, span = item % spans;
+        const int spans = attn_spans(t->pos[i0]), s0 = t->seq[i0];
         const int p0 = span * ATTN_SPAN, len = t->pos[i0 + tokens - 1] + 1;
         const int count = len - p0 < ATTN_SPAN ? len - p0 : ATTN_SPAN;
-        for (int j = 0; j < count; j++) {
-            const size_t row = layer_off + slot_of(t, t->seq[i0], p0 + j) * kvd + (size_t)kvh * hd;
-            kp[j] = m->k_cache + row;
-            vp[j] = m->v_cache + row;
-        }
         if (tokens > 1) { /* a block: every head of every token in one attend_rows call */
+            if (s0 != packed_seq || kvh != packed_kvh || span != packed_span) packed_count = 0;
+            if (count > packed_count) {
+                for (int j = packed_count / 32 * 32; j < count; j++) {
+                    const size_t row = layer_off + slot_of(t, s0, p0 + j) * kvd + (size_t)kvh * hd;
+                    kp[j] = m->k_cache + row;
+                    vp[j] = m->v_cache + row;
+                }
+                m->k->attend_pack(hd, kp, vp, packed_count, count, packed);
+                packed_seq = s0, packed_kvh = kvh, packed_span = span, packed_count = count;
+            }
             const float *q[HS_ATTN_ROWS];
             float *acc[HS_ATTN_ROWS];
             int lim[HS_ATTN_ROWS], r = 0;
@@ -613,12 +645,17 @@ static void attn_task(void *p, int ith, int nth) {
                     mx[r] = -INFINITY, sum[r] = 0.0f;
                 }
             memset(acc_base, 0, sizeof(float) * (size_t)r * hd);
-            m->k->attend_rows(hd, r, scale, q, lim, kp, vp, count, mx, sum, acc);
+            m->k->attend_rows(hd, r, scale, q, lim, packed, count, mx, sum, acc);
             r = 0;
             for (int i = i0; i < i0 + tokens; i++)
                 for (int g = 0; g < group; g++, r++)
                     attn_store(m, i, kvh * group + g, span, spans, acc[r], mx[r], sum[r]);
             continue;
+        }
+        for (int j = 0; j < count; j++) {
+            const size_t row = layer_off + slot_of(t, s0, p0 + j) * kvd + (size_t)kvh * hd;
+            kp[j] = m->k_cache + row;
+            vp[j] = m->v_cache + row;
         }
         for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += HS_ATTN_GROUP) {
             const int left = (kvh + 1) * group - h0, ng = left < HS_ATTN_GROUP ? left : HS_ATTN_GROUP;
@@ -665,7 +702,13 @@ static void attn_combine(void *p, int ith, int nth) {
  * elements are split across the pool and the few rows quantized after it. */
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
-static void swiglu_range(float *gate, const float *up, size_t begin, size_t end) {
+static void swiglu_range(const hs_kernels *k, float *gate, const float *up, size_t begin,
+                         size_t end) {
+    if (end <= begin) return;
+    if (k->swiglu) {
+        k->swiglu(end - begin, gate + begin, up + begin);
+        return;
+    }
     for (size_t j = begin; j < end; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
 }
 
@@ -675,13 +718,13 @@ static void swiglu_task(void *p, int ith, int nth) {
     if (!t->by_rows) {
         const size_t count = (size_t)t->n * ff, chunk = (count + (size_t)nth - 1) / (size_t)nth;
         const size_t begin = chunk * (size_t)ith;
-        swiglu_range(t->m->gate, t->m->up, begin, begin + chunk < count ? begin + chunk : count);
+        swiglu_range(t->m->k, t->m->gate, t->m->up, begin, begin + chunk < count ? begin + chunk : count);
         return;
     }
     int i0, i1;
     hs_split(t->n, 1, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
-        swiglu_range(t->m->gate + (size_t)i * ff, t->m->up + (size_t)i * ff, 0, (size_t)ff);
+        swiglu_range(t->m->k, t->m->gate + (size_t)i * ff, t->m->up + (size_t)i * ff, 0, (size_t)ff);
         quantize_row(t->m, i, t->m->gate + (size_t)i * ff, ff);
     }
 }

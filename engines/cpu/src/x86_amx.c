@@ -479,50 +479,36 @@ static inline void split32(__m512 x0, __m512 x1, __m512i *hi, __m512i *lo) {
     *lo = bf16x32(r0, r1);
 }
 
-/* Positions 32 at a time on the tile unit. Scores: Q (scaled) and K each split into bf16 hi + lo
- * parts, S = Qh Kh + Qh Kl + Ql Kh in fp32 (about 16 significant bits per factor, as fp16 K holds
- * 11), K transposed into the B-tile layout per 16 positions and 32 dimensions; the online softmax
- * on the vector unit (exp16); then P (bf16, in [0, 1]) times V (bf16 pairs of positions per 16
- * dimensions) into fresh C tiles, added to each row's rescaled accumulator. Tiles: 0-1 S of
- * positions 0-15 / 16-31 (later: one 16-dimension part of P V), 2-3 Q hi / lo of a 32-dimension
- * chunk (later 4: P), 4-7 K hi / lo of the two position halves (later 5: a V part). */
-static void attend_rows(int hd, int nq, float scale, const float *const *q, const int *lim,
-                        const hs_fp16 *const *k, const hs_fp16 *const *v, int count, float *m,
-                        float *l, float *const *acc) {
-    enum { NC = HS_ATTN_HD / 32 };
-    _Alignas(64) uint8_t qt[2][NC][TILE_BYTES];     /* Q hi, lo: 16 rows x 32 bf16 per chunk */
-    _Alignas(64) uint8_t kt[2][NC][2][TILE_BYTES];  /* K hi, lo per chunk and position half */
-    _Alignas(64) uint8_t vt[HS_ATTN_HD / 16][TILE_BYTES]; /* V: 16 position pairs x 16 dims */
-    _Alignas(64) uint16_t pb[16][32];                /* P: 16 rows x 32 positions, bf16 */
-    _Alignas(64) float s[2][16][16], o[16][16], rescale[16];
+/* Attention on the tile unit, positions 32 at a time. attend_pack converts K and V once into tile
+ * layouts: K split into bf16 hi + lo parts (16 significant bits together, as fp16 K holds 11),
+ * transposed into B tiles per 16 positions and 32 dimensions; V as bf16 pairs of positions per
+ * 16 dimensions. attend_rows then, per block of 32 positions: scores S = Qh Kh + Qh Kl + Ql Kh
+ * in fp32 tiles (Q scaled, split the same way), the online softmax on the vector unit (exp16),
+ * P (bf16, in [0, 1]) times V into fresh C tiles added to each row's rescaled accumulator.
+ * Tiles: 0-1 S of positions 0-15 / 16-31 (later one 16-dimension part of P V), 2-3 Q hi / lo of
+ * a 32-dimension chunk, 4-7 K hi / lo of the two position halves (later 4: P, 5: a V part). */
+static size_t block_bytes(int hd) { return (size_t)(hd / 32) * 4 * TILE_BYTES + (size_t)(hd / 16) * TILE_BYTES; }
+
+static size_t attend_bytes(int hd, int count) { return (size_t)(count + 31) / 32 * block_bytes(hd); }
+
+/* Block layout: K hi [chunk][half], K lo [chunk][half], V [16-dim part] (tiles). */
+static void attend_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
+                        int count, void *buf) {
     const int nc = hd / 32;
-    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
     const __m512i pairs = _mm512_setr_epi32(0x00200000, 0x00210001, 0x00220002, 0x00230003,
                                             0x00240004, 0x00250005, 0x00260006, 0x00270007,
                                             0x00280008, 0x00290009, 0x002a000a, 0x002b000b,
                                             0x002c000c, 0x002d000d, 0x002e000e, 0x002f000f);
-    for (int c = 0; c < nc; c++)
-        for (int r = 0; r < 16; r++) {
-            __m512i h = _mm512_setzero_si512(), lo = h;
-            if (r < nq)
-                split32(_mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c), vscale),
-                        _mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c + 16), vscale), &h, &lo);
-            _mm512_store_si512(qt[0][c] + 64 * r, h);
-            _mm512_store_si512(qt[1][c] + 64 * r, lo);
-        }
-    configure_tiles();
-    for (int p0 = 0; p0 < count; p0 += 32) {
+    for (int p0 = from / 32 * 32; p0 < count; p0 += 32) {
         const int np = count - p0 < 32 ? count - p0 : 32;
-        int live = 0;
-        for (int r = 0; r < nq; r++) live |= lim[r] > p0;
-        if (!live) break; /* lim[r] <= count: no later block has any either */
+        char *blk = (char *)buf + (size_t)(p0 / 32) * block_bytes(hd);
+        char *khi = blk, *klo = blk + (size_t)nc * 2 * TILE_BYTES, *vt = blk + (size_t)nc * 4 * TILE_BYTES;
         for (int half = 0; half < 2; half++)
             for (int c = 0; c < nc; c++) {
                 __m512i th[16], tl[16];
                 for (int p = 0; p < 16; p++) {
-                    const int at = p0 + 16 * half + p;
                     if (16 * half + p < np) {
-                        const __m512i raw = _mm512_loadu_si512(k[at] + 32 * c);
+                        const __m512i raw = _mm512_loadu_si512(k[p0 + 16 * half + p] + 32 * c);
                         split32(_mm512_cvtph_ps(_mm512_castsi512_si256(raw)),
                                 _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1)), &th[p], &tl[p]);
                     } else {
@@ -531,9 +517,10 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
                 }
                 transpose16(th);
                 transpose16(tl);
+                char *h = khi + (size_t)(2 * c + half) * TILE_BYTES, *lo = klo + (size_t)(2 * c + half) * TILE_BYTES;
                 for (int j = 0; j < 16; j++) {
-                    _mm512_store_si512(kt[0][c][half] + 64 * j, th[j]);
-                    _mm512_store_si512(kt[1][c][half] + 64 * j, tl[j]);
+                    _mm512_store_si512(h + 64 * j, th[j]);
+                    _mm512_store_si512(lo + 64 * j, tl[j]);
                 }
             }
         for (int pp = 0; pp < 16; pp++) /* V: positions 2pp, 2pp + 1 interleaved per dimension */
@@ -549,17 +536,45 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
                     row = _mm512_permutex2var_epi16(_mm512_castsi256_si512(a), pairs,
                                                     _mm512_castsi256_si512(b));
                 }
-                _mm512_store_si512(vt[d / 16] + 64 * pp, row);
+                _mm512_store_si512(vt + (size_t)(d / 16) * TILE_BYTES + 64 * pp, row);
             }
+    }
+}
+
+static void attend_rows(int hd, int nq, float scale, const float *const *q, const int *lim,
+                        const void *buf, int count, float *m, float *l, float *const *acc) {
+    enum { NC = HS_ATTN_HD / 32 };
+    _Alignas(64) uint8_t qt[2][NC][TILE_BYTES]; /* Q hi, lo: 16 rows x 32 bf16 per chunk */
+    _Alignas(64) uint16_t pb[16][32];            /* P: 16 rows x 32 positions, bf16 */
+    _Alignas(64) float s[2][16][16], o[16][16], rescale[16];
+    const int nc = hd / 32;
+    const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+    for (int c = 0; c < nc; c++)
+        for (int r = 0; r < 16; r++) {
+            __m512i h = _mm512_setzero_si512(), lo = h;
+            if (r < nq)
+                split32(_mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c), vscale),
+                        _mm512_mul_ps(_mm512_loadu_ps(q[r] + 32 * c + 16), vscale), &h, &lo);
+            _mm512_store_si512(qt[0][c] + 64 * r, h);
+            _mm512_store_si512(qt[1][c] + 64 * r, lo);
+        }
+    configure_tiles();
+    for (int p0 = 0; p0 < count; p0 += 32) {
+        const int np = count - p0 < 32 ? count - p0 : 32;
+        int live = 0;
+        for (int r = 0; r < nq; r++) live |= lim[r] > p0;
+        if (!live) break; /* lim[r] <= count: no later block has any either */
+        const char *blk = (const char *)buf + (size_t)(p0 / 32) * block_bytes(hd);
+        const char *khi = blk, *klo = blk + (size_t)nc * 2 * TILE_BYTES, *vt = blk + (size_t)nc * 4 * TILE_BYTES;
         _tile_zero(0);
         _tile_zero(1);
         for (int c = 0; c < nc; c++) {
             _tile_loadd(2, qt[0][c], 64);
             _tile_loadd(3, qt[1][c], 64);
-            _tile_loadd(4, kt[0][c][0], 64);
-            _tile_loadd(5, kt[0][c][1], 64);
-            _tile_loadd(6, kt[1][c][0], 64);
-            _tile_loadd(7, kt[1][c][1], 64);
+            _tile_loadd(4, khi + (size_t)(2 * c) * TILE_BYTES, 64);
+            _tile_loadd(5, khi + (size_t)(2 * c + 1) * TILE_BYTES, 64);
+            _tile_loadd(6, klo + (size_t)(2 * c) * TILE_BYTES, 64);
+            _tile_loadd(7, klo + (size_t)(2 * c + 1) * TILE_BYTES, 64);
             _tile_dpbf16ps(0, 2, 4);
             _tile_dpbf16ps(1, 2, 5);
             _tile_dpbf16ps(0, 3, 4);
@@ -569,6 +584,21 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
         }
         _tile_stored(0, s[0], 64);
         _tile_stored(1, s[1], 64);
+        /* each row's new running max, then all rows' rescale factors in one exp16 */
+        _Alignas(64) float before[16], after[16];
+        for (int r = 0; r < 16; r++) {
+            before[r] = after[r] = 0.0f;
+            if (r >= nq || lim[r] <= p0) continue;
+            const int valid = lim[r] - p0 < np ? lim[r] - p0 : np;
+            const __mmask16 m0 = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
+            const __mmask16 m1 = valid <= 16 ? 0 : (__mmask16)((1u << (valid - 16)) - 1);
+            const float top = _mm512_reduce_max_ps(
+                _mm512_max_ps(_mm512_mask_mov_ps(ninf, m0, _mm512_load_ps(s[0][r])),
+                              _mm512_mask_mov_ps(ninf, m1, _mm512_load_ps(s[1][r]))));
+            before[r] = m[r]; /* -inf on the first block: its factor is 0 */
+            after[r] = m[r] = top > m[r] ? top : m[r];
+        }
+        _mm512_store_ps(rescale, exp16(_mm512_sub_ps(_mm512_load_ps(before), _mm512_load_ps(after))));
         for (int r = 0; r < 16; r++) {
             if (r >= nq || lim[r] <= p0) {
                 _mm512_store_si512(pb[r], _mm512_setzero_si512());
@@ -577,21 +607,16 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
             const int valid = lim[r] - p0 < np ? lim[r] - p0 : np;
             const __mmask16 m0 = valid >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << valid) - 1);
             const __mmask16 m1 = valid <= 16 ? 0 : (__mmask16)((1u << (valid - 16)) - 1);
-            const __m512 s0 = _mm512_mask_mov_ps(ninf, m0, _mm512_load_ps(s[0][r]));
-            const __m512 s1 = _mm512_mask_mov_ps(ninf, m1, _mm512_load_ps(s[1][r]));
-            const float top = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
-            const float max = top > m[r] ? top : m[r];
-            const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(s0, _mm512_set1_ps(max))));
-            const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(s1, _mm512_set1_ps(max))));
-            rescale[r] = expf(m[r] - max); /* 0 on the first block (m = -inf) */
+            const __m512 max = _mm512_set1_ps(after[r]);
+            const __m512 e0 = _mm512_maskz_mov_ps(m0, exp16(_mm512_sub_ps(_mm512_load_ps(s[0][r]), max)));
+            const __m512 e1 = _mm512_maskz_mov_ps(m1, exp16(_mm512_sub_ps(_mm512_load_ps(s[1][r]), max)));
             l[r] = l[r] * rescale[r] + _mm512_reduce_add_ps(_mm512_add_ps(e0, e1));
-            m[r] = max;
             _mm512_store_si512(pb[r], bf16x32(e0, e1));
         }
         _tile_loadd(4, pb, 64);
         for (int d = 0; d < hd; d += 16) {
             _tile_zero(0);
-            _tile_loadd(5, vt[d / 16], 64);
+            _tile_loadd(5, vt + (size_t)(d / 16) * TILE_BYTES, 64);
             _tile_dpbf16ps(0, 4, 5);
             _tile_stored(0, o, 64);
             for (int r = 0; r < nq; r++) {
@@ -605,6 +630,19 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
     _tile_release();
 }
 
+/* gate[j] = silu(gate[j]) * up[j] = gate[j] / (1 + e^-gate[j]) * up[j], 16 at a time. */
+static void swiglu(size_t n, float *gate, const float *up) {
+    size_t j = 0;
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; j + 16 <= n; j += 16) {
+        const __m512 g = _mm512_loadu_ps(gate + j);
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+        _mm512_storeu_ps(gate + j, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)),
+                                                 _mm512_loadu_ps(up + j)));
+    }
+    for (; j < n; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+}
+
 static const hs_kernels table = {
     .name = "amx",
     AVX512_KERNELS,
@@ -614,6 +652,9 @@ static const hs_kernels table = {
     .wide_group_bytes = wide_group_bytes,
     .wide_pack = wide_pack,
     .wide = wide,
+    .swiglu = swiglu,
+    .attend_bytes = attend_bytes,
+    .attend_pack = attend_pack,
     .attend_rows = attend_rows,
 };
 

@@ -86,11 +86,12 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     check(ok, "attend_f16", k->name);
 }
 
-/* attend_rows against the reference's attend_f16, row by row: head widths of 64 and 128, 3 to
- * 16 rows each attending its own number of positions (1 to 150: partial 32-position blocks,
- * rows that stop early), scores close together and hundreds apart. amx computes the scores from
- * bf16 hi + lo parts (measured: max within 2e-5, sum within 1.4e-4 relative) and P V in bf16
- * (outputs, weighted means of values in [-1, 1], within 2.4e-3): bounds 1e-4, 5e-4, 4e-3. */
+/* attend_pack + attend_rows against the reference's attend_f16, row by row: head widths of 64
+ * and 128, 3 to 16 rows each attending its own number of positions (1 to 150: partial 32-position
+ * blocks, rows that stop early; packed in two steps), scores close together and hundreds apart.
+ * amx computes the scores from bf16 hi + lo parts (measured: max within 2e-5, sum within 1.4e-4
+ * relative) and P V in bf16 (outputs, weighted means of values in [-1, 1], within 2.4e-3):
+ * bounds 1e-4, 5e-4, 4e-3. */
 static void test_attend_rows(const hs_kernels *k, const hs_kernels *ref, unsigned *seed) {
     enum { HD = 128, COUNT = 150, R = HS_ATTN_ROWS };
     static hs_fp16 kv[2][COUNT][HD];
@@ -120,7 +121,12 @@ static void test_attend_rows(const hs_kernels *k, const hs_kernels *ref, unsigne
             qs[r] = q[r], as[r] = acc[r], m[r] = -INFINITY, l[r] = 0.0f;
             lim[r] = r == 0 ? count : 1 + (int)((frand(seed) + 1.0f) * 0.5f * (float)(count - 1));
         }
-        k->attend_rows(hd, nq, scales[si], qs, lim, kp, vp, count, m, l, as);
+        /* packed in two steps where the context grows past 40 positions, as the engine does */
+        void *buf = aligned_alloc(64, (k->attend_bytes(hd, count) + 63) / 64 * 64);
+        k->attend_pack(hd, kp, vp, 0, count > 40 ? 40 : count, buf);
+        if (count > 40) k->attend_pack(hd, kp, vp, 40, count, buf);
+        k->attend_rows(hd, nq, scales[si], qs, lim, buf, count, m, l, as);
+        free(buf);
         for (int r = 0; r < nq; r++) {
             float m2 = -INFINITY, l2 = 0.0f, a2[HD] = {0};
             ref->attend_f16(hd, 1, scales[si], q[r], kp, vp, lim[r], &m2, &l2, a2);
@@ -276,6 +282,18 @@ int main(void) {
             test_attend(k, ref, &seed);
             if (k->wide) test_wide(k, three, &seed);
             if (k->attend_rows) test_attend_rows(k, ref, &seed);
+            if (k->swiglu) { /* against the scalar formula: gates from -40 to 40, a tail of 7 */
+                enum { SN = 1031 };
+                float g[SN], u[SN], want[SN], worst = 0;
+                for (int j = 0; j < SN; j++) {
+                    g[j] = 40.0f * frand(&seed), u[j] = frand(&seed);
+                    want[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+                }
+                k->swiglu(SN, g, u);
+                for (int j = 0; j < SN; j++)
+                    worst = fmaxf(worst, fabsf(g[j] - want[j]) / (fabsf(want[j]) + 1e-30f));
+                check(worst <= 1e-5f, "swiglu", k->name);
+            }
         }
     }
     int skipped = 0;
