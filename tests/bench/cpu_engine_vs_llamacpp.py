@@ -243,9 +243,9 @@ def bench_env() -> tuple[dict, str]:
     env = dict(os.environ)
     mode = thp_mode()
     if mode == "always":
-        return env, "THP always: huge pages for both"
+        return env, "THP always: huge pages for all engines"
     env["HETEROSERVE_HUGEPAGES"] = "0"  # llama.cpp never madvises: 4 KiB pages for both
-    return env, f"THP {mode}: 4 KiB pages for both (HETEROSERVE_HUGEPAGES=0)"
+    return env, f"THP {mode}: 4 KiB pages for all engines (HETEROSERVE_HUGEPAGES=0)"
 
 
 def _status_kib(pid: int, key: str) -> int:
@@ -752,11 +752,26 @@ def main() -> int:
 
 
 def git_commit() -> str:
+    """HEAD's short hash, and the digest of the engine's sources beside it: a copied working tree
+    (the device machine's) can carry a .git whose HEAD is not what was copied; the digest says
+    which sources ran (compare: `git show COMMIT:engines/cpu/...`, see engine_digest)."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        head = "unknown"
+    return f"{head} (engine sources {engine_digest()})"
+
+
+def engine_digest(root: Path = Path(__file__).resolve().parents[2]) -> str:
+    """sha256 (12 hex) over engines/cpu's CMakeLists.txt and src/*, in name order."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    cpu = root / "engines" / "cpu"
+    for path in [cpu / "CMakeLists.txt", *sorted((cpu / "src").iterdir())]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def cpu_name() -> str:

@@ -4,6 +4,8 @@ next-token agreement with llama.cpp on the same GGUF."""
 
 from __future__ import annotations
 
+import time
+
 import heteroserve_cpu as hc
 import numpy as np
 import pytest
@@ -156,6 +158,29 @@ def requantized_model(quantization: str, config):
     embedding = config.n_vocab * config.n_embd // 32 * 34
     assert model.weight_bytes == config.n_layer * per_layer // 32 * block_bytes + embedding
     return model
+
+
+PHASES = ["embed", "norm", "qkv", "rope_kv", "attention", "o_proj", "gate_up", "swiglu", "down",
+          "logits"]
+
+
+def test_step_profile_times_each_phase_only_while_on(loaded):
+    model, _config, _reader, tok = loaded
+    ids = tok.encode(PROMPTS[0])
+    assert list(model.profile) == PHASES
+    model.set_profiling(True)
+    start = time.perf_counter()
+    forward_all(model, ids)
+    wall = time.perf_counter() - start
+    profile = model.profile
+    # every phase ran and was timed, and the phases are parts of the step, not more than it
+    assert all(profile[name] > 0 for name in PHASES), profile
+    assert sum(profile.values()) <= wall
+    model.set_profiling(True)  # on again: the sums start from zero
+    assert set(model.profile.values()) == {0.0}
+    model.set_profiling(False)
+    forward_all(model, ids)
+    assert set(model.profile.values()) == {0.0}
 
 
 def test_tied_head_streams_the_whole_embedding_table_per_token(loaded):
