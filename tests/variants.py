@@ -2,13 +2,14 @@
 
 Variants with a matrix unit sum a block's products in one integer and scale it once (i8mm, and
 amx for 16 to 47 rows), or compute in bf16 with float sums (amx's products of 48 rows or more
-and its attention of a prefill chunk's tokens together); the vector variants scale per SIMD lane. Their logits differ within float rounding, which the
-8-bit activation quantization of later layers can amplify to a few tenths of a logit - so with a
-matrix unit, a sequence computed in a wide step can differ that much from the same sequence
-computed one token at a time, and take another greedy path at a near-tie. Tests that compare
-results across batch shapes run on the best vector variant, whose results do not depend on the
-batch; the matrix-unit variants are held to the reference in the kernel tests and to the float
-reference and llama.cpp at the model level."""
+and its attention of a prefill chunk's tokens together); the vector variants scale per SIMD
+lane. Their logits differ within float rounding, which the 8-bit activation quantization of
+later layers can amplify to a few tenths of a logit - so with a matrix unit, a sequence computed
+in a wide step can differ that much from the same sequence computed one token at a time, and
+take another greedy path at a near-tie. Tests that compare results across batch shapes run on
+the best vector variant, whose results do not depend on the batch; the matrix-unit variants are
+held to the reference in the kernel tests and to the float reference and llama.cpp at the model
+level."""
 
 from __future__ import annotations
 

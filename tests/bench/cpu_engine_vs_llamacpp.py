@@ -763,12 +763,12 @@ def git_commit() -> str:
     return f"{head} (engine sources {engine_digest()})"
 
 
-def engine_digest(root: Path = Path(__file__).resolve().parents[2]) -> str:
+def engine_digest() -> str:
     """sha256 (12 hex) over engines/cpu's CMakeLists.txt and src/*, in name order."""
     import hashlib
 
     digest = hashlib.sha256()
-    cpu = root / "engines" / "cpu"
+    cpu = Path(__file__).resolve().parents[2] / "engines" / "cpu"
     for path in [cpu / "CMakeLists.txt", *sorted((cpu / "src").iterdir())]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
