@@ -884,9 +884,10 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
 
 /* Steps wider than UBATCH tokens run as consecutive sub-steps of UBATCH tokens (as llama.cpp's
  * micro-batches): the scratch then stays that of UBATCH tokens, and the weights are streamed as
- * often as one wide step would (every COL_CHUNK tokens). Allowed when every sequence's tokens come
- * in increasing positions, so that each token's keys and values are written before a later
- * sub-step attends to them. */
+ * often as one wide step would (every COL_CHUNK tokens on the register and int8 tiles; once per
+ * sub-step on amx's bf16 tiles, which dequantize each weight once per product). Allowed when
+ * every sequence's tokens come in increasing positions, so that each token's keys and values are
+ * written before a later sub-step attends to them. */
 #define UBATCH 128
 
 static int in_position_order(int n, const int32_t *pos, const int32_t *seq, int n_seqs) {

@@ -45,6 +45,19 @@ static float frand(unsigned *s) {
     return ((float)((*s >> 8) & 0xffff) / 32768.0f) - 1.0f;
 }
 
+/* count cached K and V rows of hd random fp16 values in [-1, 1), and pointers to each row. */
+static void random_kv(hs_fp16 *k, hs_fp16 *v, int count, int hd, const hs_fp16 **kp,
+                      const hs_fp16 **vp, unsigned *seed) {
+    for (int p = 0; p < count; p++) {
+        for (int d = 0; d < hd; d++) {
+            k[p * hd + d] = hs_fp32_to_fp16(frand(seed));
+            v[p * hd + d] = hs_fp32_to_fp16(frand(seed));
+        }
+        kp[p] = k + p * hd;
+        vp[p] = v + p * hd;
+    }
+}
+
 /* attend_f16 of a variant against the reference: head widths with and without a SIMD tail (68
  * and 66), one to eight query heads, positions past one internal span (64), continued from a
  * first call as the engine continues over spans, scores close together and far apart. */
@@ -53,14 +66,7 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     static hs_fp16 kv[2][COUNT][HD];
     static float q[G * HD];
     const hs_fp16 *kp[COUNT], *vp[COUNT];
-    for (int p = 0; p < COUNT; p++) {
-        for (int d = 0; d < HD; d++) {
-            kv[0][p][d] = hs_fp32_to_fp16(frand(seed));
-            kv[1][p][d] = hs_fp32_to_fp16(frand(seed));
-        }
-        kp[p] = kv[0][p];
-        vp[p] = kv[1][p];
-    }
+    random_kv(&kv[0][0][0], &kv[1][0][0], COUNT, HD, kp, vp, seed);
     for (int i = 0; i < G * HD; i++) q[i] = 2.0f * frand(seed);
     const int widths[2] = {68, 66}, groups[3] = {1, 3, 8};
     const float scales[2] = {0.125f, 8.0f}; /* the second: scores hundreds apart, exp underflows */
@@ -97,14 +103,7 @@ static void test_attend_rows(const hs_kernels *k, const hs_kernels *ref, unsigne
     static hs_fp16 kv[2][COUNT][HD];
     static float q[R][HD], acc[R][HD];
     const hs_fp16 *kp[COUNT], *vp[COUNT];
-    for (int p = 0; p < COUNT; p++) {
-        for (int d = 0; d < HD; d++) {
-            kv[0][p][d] = hs_fp32_to_fp16(frand(seed));
-            kv[1][p][d] = hs_fp32_to_fp16(frand(seed));
-        }
-        kp[p] = kv[0][p];
-        vp[p] = kv[1][p];
-    }
+    random_kv(&kv[0][0][0], &kv[1][0][0], COUNT, HD, kp, vp, seed);
     const int widths[2] = {64, 128}, rows[3] = {3, 12, R}, counts[3] = {1, 17, COUNT};
     const float scales[2] = {0.125f, 8.0f};
     float worst[3] = {0}; /* max score, sum, output */
