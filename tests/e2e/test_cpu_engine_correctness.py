@@ -183,6 +183,27 @@ def test_step_profile_times_each_phase_only_while_on(loaded):
     assert set(model.profile.values()) == {0.0}
 
 
+@pytest.mark.skipif("amx" not in hc.available_variants().split(","),
+                    reason="the amx variant needs AMX tile data granted by the kernel")
+def test_amx_decode_of_few_sequences_is_avx512vnni_bit_for_bit():
+    # The exact KV hand-off's decode side may run amx for steps of under 16 sequences
+    # (prefill/exact.py): those steps (one token per sequence) must compute as avx512vnni does.
+    loaded_both = [load_model(default_model(), hc.Pool([], 2), kernels=k)
+                   for k in ("amx", "avx512vnni")]
+    models = [model for model, _config, _reader in loaded_both]
+    tok = GGUFTokenizer.from_gguf(loaded_both[0][2])
+    prompts = [tok.encode(p)[:12] for p in PROMPTS[:3]]
+    tables = np.arange(3 * 16, dtype=np.int32).reshape(3, 16)
+    outs = []
+    for model in models:
+        model.alloc_kv(48, 16)
+        steps = [model.forward(np.array([p[i] for p in prompts], np.int32),
+                               np.full(3, i, np.int32), np.arange(3, dtype=np.int32), tables,
+                               np.arange(3, dtype=np.int32)) for i in range(12)]
+        outs.append(np.stack(steps))
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_tied_head_streams_the_whole_embedding_table_per_token(loaded):
     model, _config, _reader, _tok = loaded
     # SmolLM2's output head is its embedding table: one token reads every weight once.

@@ -58,7 +58,7 @@ typedef struct {
     void (*attend_f16)(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                        const hs_fp16 *const *v, int count, float *m, float *l, float *acc);
     /* Optional: gate[j] = gate[j] / (1 + exp(-gate[j])) * up[j] for j < n (model.c's scalar
-     * loop where absent). */
+     * loop where absent, and for steps of under 16 tokens). */
     void (*swiglu)(size_t n, float *gate, const float *up);
     /* Optional, together: the attention of a prefill chunk, several tokens' heads per K/V row.
      * attend_pack converts positions [from, count) of one KV head's cached rows (k[p], v[p]: hd

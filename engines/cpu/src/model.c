@@ -702,11 +702,17 @@ static void attn_combine(void *p, int ith, int nth) {
  * elements are split across the pool and the few rows quantized after it. */
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
-static void swiglu_range(const hs_kernels *k, float *gate, const float *up, size_t begin,
+/* The kernels' vector SwiGLU (k->swiglu) serves steps of SWIGLU_VECTOR_MIN tokens or more: from
+ * there amx computes its products on the tile unit, so its results differ from avx512vnni's
+ * anyway, while a decode step of fewer sequences stays bit for bit avx512vnni's (scalar expf),
+ * which the exact KV hand-off relies on (prefill/exact.py). */
+#define SWIGLU_VECTOR_MIN 16
+
+static void swiglu_range(const swiglu_ctx *t, float *gate, const float *up, size_t begin,
                          size_t end) {
     if (end <= begin) return;
-    if (k->swiglu) {
-        k->swiglu(end - begin, gate + begin, up + begin);
+    if (t->m->k->swiglu && t->n >= SWIGLU_VECTOR_MIN) {
+        t->m->k->swiglu(end - begin, gate + begin, up + begin);
         return;
     }
     for (size_t j = begin; j < end; j++) gate[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
@@ -718,13 +724,13 @@ static void swiglu_task(void *p, int ith, int nth) {
     if (!t->by_rows) {
         const size_t count = (size_t)t->n * ff, chunk = (count + (size_t)nth - 1) / (size_t)nth;
         const size_t begin = chunk * (size_t)ith;
-        swiglu_range(t->m->k, t->m->gate, t->m->up, begin, begin + chunk < count ? begin + chunk : count);
+        swiglu_range(t, t->m->gate, t->m->up, begin, begin + chunk < count ? begin + chunk : count);
         return;
     }
     int i0, i1;
     hs_split(t->n, 1, ith, nth, &i0, &i1);
     for (int i = i0; i < i1; i++) {
-        swiglu_range(t->m->k, t->m->gate + (size_t)i * ff, t->m->up + (size_t)i * ff, 0, (size_t)ff);
+        swiglu_range(t, t->m->gate + (size_t)i * ff, t->m->up + (size_t)i * ff, 0, (size_t)ff);
         quantize_row(t->m, i, t->m->gate + (size_t)i * ff, ff);
     }
 }
