@@ -3,7 +3,9 @@ engine keeps a prompt's KV under a handle, the CPU engine pulls it and continues
 computing the prompt, and through the router the `split` policy does both. Here the exporter is
 a second CPU engine (the same weights and kernels: its KV is the one the decode engine would
 have computed itself); the builtin PyTorch prefill engine is the exporter in
-test_prefill_engine.py."""
+test_prefill_engine.py. Both run the batch-invariant vector variant (tests/variants.py): the
+decoder computes a handed-over prompt's last token in a step of its own, where alone it computes
+it inside the prompt's chunk, which amx runs on the tile unit (bf16) - another batch shape."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 from tests.e2e.conftest import start_engine, stop_engine
 from tests.e2e.routers import start_router, stop_router, wait_until
 from tests.e2e.test_router import MESSAGES, MODEL, ONE_CORE, client_for
+from tests.variants import BATCH_INVARIANT
 
 PROMPTS = [f"Tell me one fact about the number {n}." for n in range(50)]
 
@@ -46,7 +49,7 @@ def other_model(tmp_path_factory):
 def exporter(tmp_path_factory, token_file):
     engine = start_engine(tmp_path_factory.mktemp("exporter"), "--max-model-len", "512",
                           "--kv-token-file", str(token_file), "--kv-handle-timeout", "2",
-                          env=ONE_CORE[0])
+                          "--kernels", BATCH_INVARIANT, env=ONE_CORE[0])
     yield engine
     stop_engine(engine)
 
@@ -54,7 +57,8 @@ def exporter(tmp_path_factory, token_file):
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory, token_file):
     engine = start_engine(tmp_path_factory.mktemp("decoder"), "--max-model-len", "512",
-                          "--kv-token-file", str(token_file), env=ONE_CORE[1])
+                          "--kv-token-file", str(token_file), "--kernels", BATCH_INVARIANT,
+                          env=ONE_CORE[1])
     yield engine
     stop_engine(engine)
 

@@ -1,7 +1,8 @@
 """The KV hand-off through shared memory (docs/kv-handoff.md, "Same node"): two real CPU engines
 that mount one memory-backed directory hand the KV over through a file in it instead of TCP; an
 engine with a directory of its own falls back to TCP. The exporter is a CPU engine (its KV is
-bit-identical to what the decoder would compute, so the answers must match exactly)."""
+bit-identical to what the decoder would compute, so the answers must match exactly; all on the
+batch-invariant variant, as in test_kv_handoff.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.e2e.conftest import start_engine, stop_engine
 from tests.e2e.test_kv_handoff import chat, prefill, url
 from tests.e2e.test_router import ONE_CORE
 from tests.processes import metric_value
+from tests.variants import BATCH_INVARIANT
 
 
 def shared_memory_folder(prefix: str) -> Path:
@@ -41,7 +43,7 @@ def engines(tmp_path_factory, shm_dirs):
     token = tmp_path_factory.mktemp("kv") / "kv-token"
     token.write_text(secrets.token_urlsafe(24))
     shared, own = shm_dirs
-    common = ("--max-model-len", "512", "--kv-token-file", str(token))
+    common = ("--max-model-len", "512", "--kv-token-file", str(token), "--kernels", BATCH_INVARIANT)
     started = []
     try:
         for index, folder in enumerate((shared, shared, own)):
