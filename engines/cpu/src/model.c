@@ -73,9 +73,11 @@ void *hs_alloc_large(size_t bytes) {
 /* Activation rows from which a product goes to the kernel's bf16 matrix-unit path (wide), where
  * it has one: HETEROSERVE_WIDE_MIN (>= 2), else WIDE_MIN. Below it, the int8 tile products
  * (wide8, from 16 rows) and the 4x4 register tiles. The bf16 path dequantizes every weight of a
- * product once, whatever its rows: measured on the 16-core host (tests/bench/cpu_engine_profile,
- * docs/benchmarks.md) it loses to the int8 tiles for a decode batch of 16 and wins by far for a
- * prefill chunk of 128; between, the break-even by the same costs is near 48. */
+ * product once, whatever its rows. On the 16-core host (tests/bench/cpu_engine_profile) it took
+ * 277 ms for an 8B step of 16 sequences against the int8 tiles' 136 ms (cpu_engine_vs_llamacpp),
+ * and prefilled 2.2x the register tiles' rate; 48 is an estimate from single-core costs on the
+ * 2-core VM (dequantizing a weight against one int8 block's scaling per 16 rows), not a measured
+ * break-even. */
 #define WIDE_MIN 48
 int hs_wide_min_rows(void) {
     const char *s = getenv("HETEROSERVE_WIDE_MIN");
