@@ -97,6 +97,46 @@ def test_deployment_on_a_fake_gpu_node_becomes_available(cluster, namespace):
         assert pod["spec"]["nodeName"] == "kunpeng-a100-0"
 
 
+def test_a_running_pod_marked_not_ready_becomes_ready_again(cluster, namespace):
+    """What the node lifecycle controller does to the pods of a node whose lease looks stale, and
+    what the kubelet undoes once the node reports again (kwok-stage-pod-ready-again.yaml)."""
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "app", "namespace": namespace},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "app"}},
+                 "template": {"metadata": {"labels": {"app": "app"}},
+                              "spec": {"containers": [{"name": "main",
+                                                       "image": "registry.invalid/app:1"}]}}},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
+    cluster.kubectl("wait", "--for=condition=Available", "--timeout=90s", "deployment/app",
+                    "-n", namespace)
+
+    def pod():
+        return json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-l", "app=app",
+                                          "-o", "json").stdout)["items"][0]
+
+    def ready(p):
+        return next(c["status"] for c in p["status"]["conditions"] if c["type"] == "Ready")
+
+    before = pod()
+    name = before["metadata"]["name"]
+    cluster.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status",
+                    "--type=strategic", "-p", json.dumps({"status": {"conditions": [{
+                        "type": "Ready", "status": "False", "reason": "NodeNotReady"}]}}))
+    wait_for(lambda: ready(pod()) == "True", 60, what=f"pod {name} to be Ready again")
+    after = pod()
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    # No restart: the container keeps its start time.
+    assert [c["state"] for c in after["status"]["containerStatuses"]] == \
+        [c["state"] for c in before["status"]["containerStatuses"]]
+    assert {c["type"] for c in after["status"]["conditions"]} >= {
+        "Initialized", "Ready", "ContainersReady", "PodScheduled"}
+    wait_for(lambda: json.loads(cluster.kubectl(
+        "get", "deployment", "app", "-n", namespace, "-o", "json").stdout
+    )["status"].get("readyReplicas") == 1, 60, what="the Deployment to count the pod ready")
+
+
 def test_unschedulable_accelerator_request_stays_pending(cluster, namespace):
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "too-many-gpus", "namespace": namespace},
