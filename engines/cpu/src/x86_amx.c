@@ -8,9 +8,13 @@
  * correction, convert, weight x activation scale, FMA) into float accumulators, while the tile
  * unit multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip
  * is copied into a 16 x 32 scratch tile first (q4_0/q4_1 nibbles unpacked, q8_0's packed halves
- * joined); activations: each block's 16 columns gathered once per call into the tile layout.
- * That scaling, about 80 vector operations per 16 x 16 x 32 block, bounds it: cheap next to the
- * weights' stream for a decode batch, far below the tile unit's speed for a prefill chunk.
+ * joined); activations: each block's 16 columns gathered once per call into the tile layout,
+ * every group of 16 before the first strip, so that a strip meets them all while in cache.
+ * Measured on the 16-core host (tests/bench/amx_products.sh, before the three-deep pipeline in
+ * strip): 110-160 ns a block and thread, in cache or not, against about 100 vector operations
+ * (30-50 ns) of unpacking and scaling - the blocks waited on their data going from vector stores
+ * to tile loads and from tile stores to vector loads; hence the pipeline. Each strip's rows are
+ * prefetched WIDE8_AHEAD bytes ahead (sixteen streams: 156 -> 126 ns a block at 16 rows, q8_0).
  *
  * bf16 (wide, from HETEROSERVE_WIDE_MIN rows, a prefill chunk): each weight strip is dequantized
  * to bf16 (value x scale) once per call, however many activation rows it then meets, and the tile
@@ -29,6 +33,9 @@
  * unit too. */
 #define HS_AMX 1
 #include "x86_avx512.c"
+#ifdef HS_AMX_EMULATE /* the kernel test's build for CPUs without AMX: engines/cpu/tests */
+#include "amx_emulate.h"
+#endif
 
 #include <stdlib.h>
 
@@ -47,6 +54,12 @@ typedef struct {
 
 #define AMX_N 16 /* activation rows (columns of the tile) */
 #define AMX_M 16 /* weight rows */
+/* How far ahead in each of a strip's 16 weight rows the quants are prefetched (bytes). Sixteen
+ * rows read 16-32 bytes a block each are sixteen streams, more than the hardware prefetchers
+ * follow; without this every block's rows waited on memory. */
+#ifndef WIDE8_AHEAD
+#define WIDE8_AHEAD 256
+#endif
 
 /* One block of 16 activation rows in tile layout. */
 typedef struct {
@@ -109,6 +122,13 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
         const uint8_t *q[4];
         for (int i = 0; i < 4; i++) /* rows past the end repeat the first: computed, dropped */
             q[i] = w + (size_t)(r + i < rows ? r + i : 0) * wstride;
+        if (WIDE8_AHEAD && j == 0) /* a group's quants: 64 bytes (q4) or 128 (q8) a row */
+            for (int i = 0; i < 4; i++) {
+                const char *p = (const char *)q[i] + (size_t)g * GROUP * (kind == Q8_0 ? 32 : 16)
+                              + WIDE8_AHEAD;
+                _mm_prefetch(p, PF_HINT);
+                if (kind == Q8_0) _mm_prefetch(p + 64, PF_HINT);
+            }
         __m512i lo, hi;
         if (kind == Q8_0) { /* packed halves, already unsigned */
             const size_t at = (size_t)g * GROUP * 32 + (size_t)j * 16, at_hi = at + (size_t)t * 16;
@@ -131,16 +151,6 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
     }
 }
 
-/* Multiplies block b into tile C (TC), with its weights in tile TA and activations in TB. */
-#define ISSUE(TC, TA, TB, b, scratch)                                                           \
-    do {                                                                                       \
-        block_rows(kind, w, wstride, rows, nb, (b), (scratch));                                \
-        _tile_loadd(TA, (scratch), HS_QK);                                                     \
-        _tile_loadd(TB, y[(b)].lo, AMX_N * 4);                                                 \
-        _tile_zero(TC);                                                                        \
-        _tile_dpbusd(TC, TA, TB);                                                              \
-    } while (0)
-
 /* 16 weight rows (fewer at the end: `rows`) x AMX_N activation rows over all blocks. */
 static inline __attribute__((always_inline)) void strip(int kind, int nb, const uint8_t *w,
                                                         size_t wstride, int rows,
@@ -149,16 +159,24 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     __m512 acc[AMX_M];
     for (int r = 0; r < AMX_M; r++) acc[r] = _mm512_setzero_ps();
-    _Alignas(64) int32_t c[AMX_M][AMX_N];
-    _Alignas(64) uint8_t a0[AMX_M * HS_QK], a1[AMX_M * HS_QK];
+    _Alignas(64) int32_t c[2][AMX_M][AMX_N];
+    _Alignas(64) uint8_t a[4][AMX_M * HS_QK];
     _Alignas(64) float dw[AMX_M], mw[AMX_M];
     /* byte offsets of the strip's rows; rows past the end read the first (results dropped) */
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i index = _mm512_maskz_mullo_epi32(_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(rows)),
                                                    lane, _mm512_set1_epi32((int)wstride));
-#define DRAIN(TC, b)                                                                            \
+    if (WIDE8_AHEAD) { /* the next strip's scales (and minimums) and first quants, into L2 */
+        const size_t tail = (size_t)nb * (kind == Q4_1 ? 4 : 2);
+        for (int r = 0; r < AMX_M; r++) {
+            const char *next = (const char *)w + (size_t)(AMX_M + r) * wstride;
+            for (size_t at = 0; at < tail; at += 64)
+                _mm_prefetch(next + (size_t)nb * qbytes + at, PF_HINT);
+            for (size_t at = 0; at < WIDE8_AHEAD; at += 64) _mm_prefetch(next + at, PF_HINT);
+        }
+    }
+#define DRAIN(buf, b)                                                                           \
     do {                                                                                       \
-        _tile_stored(TC, c, AMX_N * 4);                                                        \
         const uint8_t *scales = w + (size_t)nb * qbytes + 2 * (size_t)(b);                     \
         _mm512_store_ps(dw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(                              \
                                 _mm512_i32gather_epi32(index, scales, 1))));                    \
@@ -168,18 +186,42 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
         const __m512 yd = _mm512_load_ps(y[(b)].d), ys = _mm512_load_ps(y[(b)].s);             \
         const __m512i off = _mm512_load_si512(y[(b)].off);                                     \
         for (int r = 0; r < AMX_M; r++) {                                                      \
-            const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(c[r]), off)); \
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(c[buf][r]), off)); \
             acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(yd, _mm512_set1_ps(dw[r])), acc[r]);     \
             if (kind == Q4_1) acc[r] = _mm512_fmadd_ps(ys, _mm512_set1_ps(mw[r]), acc[r]);     \
         }                                                                                      \
     } while (0)
-    ISSUE(0, 2, 4, 0, a0);
+    /* A pipeline three blocks deep, so that no data goes from a store straight to a load of
+     * the other unit (a tile load of just-stored scratch, a vector load of a just-stored tile
+     * waits for the stores to drain; in-order that was most of a block's time): in the step of
+     * block b, unpack block b + 2 (vector), store C of block b (its product was issued a step
+     * earlier), issue block b + 1's product (its scratch written a step earlier), then scale the
+     * C stored in the previous step. Tiles 0/1: C, 2/3: weights, 4/5: activations, by parity
+     * (P: block b's, N: block b + 1's; literal numbers, as the tile intrinsics require). */
+#define STEP(b, P, N, NA, NB)                                                                   \
+    do {                                                                                       \
+        if ((b) + 2 < nb) block_rows(kind, w, wstride, rows, nb, (b) + 2, a[((b) + 2) & 3]);  \
+        _tile_stored(P, c[P], AMX_N * 4);                                                      \
+        if ((b) + 1 < nb) {                                                                    \
+            _tile_loadd(NA, a[((b) + 1) & 3], HS_QK);                                          \
+            _tile_loadd(NB, y[(b) + 1].lo, AMX_N * 4);                                         \
+            _tile_zero(N);                                                                     \
+            _tile_dpbusd(N, NA, NB);                                                           \
+        }                                                                                      \
+        if ((b) >= 1) DRAIN(N, (b) - 1);                                                       \
+    } while (0)
+    block_rows(kind, w, wstride, rows, nb, 0, a[0]);
+    if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, a[1]);
+    _tile_loadd(2, a[0], HS_QK);
+    _tile_loadd(4, y[0].lo, AMX_N * 4);
+    _tile_zero(0);
+    _tile_dpbusd(0, 2, 4);
     for (int b = 0; b < nb; b += 2) {
-        if (b + 1 < nb) ISSUE(1, 3, 5, b + 1, a1);
-        DRAIN(0, b);
-        if (b + 2 < nb) ISSUE(0, 2, 4, b + 2, a0);
-        if (b + 1 < nb) DRAIN(1, b + 1);
+        STEP(b, 0, 1, 3, 5);
+        if (b + 1 < nb) STEP(b + 1, 1, 0, 2, 4);
     }
+    DRAIN((nb - 1) & 1, nb - 1);
+#undef STEP
 #undef DRAIN
     for (int r = 0; r < rows; r++) {
         _Alignas(64) float v[AMX_N];
@@ -197,26 +239,29 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
                                                       size_t wstride, int nrows, const void *a,
                                                       size_t astride, int ncols, float *out,
                                                       size_t ostride) {
-    const int done = ncols / AMX_N * AMX_N;
+    const int done = ncols / AMX_N * AMX_N, groups = done / AMX_N;
     if (!done) return 0;
-    if ((size_t)nb > scratch_blocks) {
+    const size_t need = (size_t)nb * (size_t)groups;
+    if (need > scratch_blocks) {
         free(scratch);
-        if (posix_memalign((void **)&scratch, 64, sizeof(amx_block) * (size_t)nb) != 0) {
+        if (posix_memalign((void **)&scratch, 64, sizeof(amx_block) * need) != 0) {
             scratch = NULL;
             scratch_blocks = 0;
             return 0;
         }
-        scratch_blocks = (size_t)nb;
+        scratch_blocks = need;
     }
     configure_tiles_i8();
-    for (int c0 = 0; c0 < done; c0 += AMX_N) {
-        gather_blocks(kind, nb, (const char *)a + (size_t)c0 * astride, astride, scratch);
-        for (int r = 0; r < nrows; r += AMX_M) {
-            const uint8_t *rows = (const uint8_t *)w + (size_t)r * wstride;
-            _mm_prefetch((const char *)rows + AMX_M * wstride, PF_HINT);
-            strip(kind, nb, rows, wstride, nrows - r < AMX_M ? nrows - r : AMX_M, scratch,
-                  out + (size_t)c0 * ostride + r, ostride);
-        }
+    /* Every group of AMX_N activation rows gathered first, then each weight strip meets all of
+     * them in turn while it is still in L1/L2 (the matrix is read from memory once). */
+    for (int c = 0; c < groups; c++)
+        gather_blocks(kind, nb, (const char *)a + (size_t)c * AMX_N * astride, astride,
+                      scratch + (size_t)c * nb);
+    for (int r = 0; r < nrows; r += AMX_M) {
+        const uint8_t *rows = (const uint8_t *)w + (size_t)r * wstride;
+        for (int c = 0; c < groups; c++)
+            strip(kind, nb, rows, wstride, nrows - r < AMX_M ? nrows - r : AMX_M,
+                  scratch + (size_t)c * nb, out + (size_t)c * AMX_N * ostride + r, ostride);
     }
     _tile_release();
     return done;

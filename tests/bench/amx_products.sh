@@ -1,0 +1,40 @@
+#!/bin/bash
+# The amx variant's decode-batch products on an AMX host (the device machine: it needs no Python,
+# no wheel): builds the engine's C sources with gcc, runs the kernel test natively first, then
+# tests/bench/amx_products.c on an 8B-shaped gate/up matrix (28672 x 4096), q4_0 in 8 copies
+# and q8_0 in 6 (528 and 750 MB against a 300 MB L3), and q4_0 in one copy (in cache: what is
+# left when memory is not waited on).
+#   BASE_AMX=path/to/x86_amx.c   also build that version of the amx variant (e.g. `git show
+#                                REV:engines/cpu/src/x86_amx.c`, carried) and run it alternately
+#   AHEADS="0 256 512"           also build the current one at these prefetch distances
+# Each line: TAG (base, cur, or the distance), path, type, shape, batch, threads, timings.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+S=engines/cpu/src B=${BUILD:-/tmp/amx-products}
+mkdir -p "$B"
+CF="-O3 -std=gnu11 -fPIC -fopenmp -I$S"
+X512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni"
+AMX="$X512 -mavx512bf16 -mamx-tile -mamx-int8 -mamx-bf16"
+for f in ref dispatch threadpool model bandwidth sample; do gcc $CF -c $S/$f.c -o "$B/$f.o" & done
+gcc $CF -mavx2 -mfma -mf16c -c $S/x86_avx2.c -o "$B/avx2.o" &
+gcc $CF $X512 -c $S/x86_avx512.c -o "$B/avx512.o" &
+gcc $CF $AMX -c $S/x86_amx.c -o "$B/amx_cur.o" &
+TAGS=cur
+if [ -n "${BASE_AMX:-}" ]; then gcc $CF $AMX -c "$BASE_AMX" -o "$B/amx_base.o" & TAGS="base cur"; fi
+for d in ${AHEADS:-}; do gcc $CF $AMX -DWIDE8_AHEAD="$d" -c $S/x86_amx.c -o "$B/amx_$d.o" & TAGS="$TAGS $d"; done
+wait
+COMMON="$B/ref.o $B/dispatch.o $B/threadpool.o $B/model.o $B/bandwidth.o $B/sample.o $B/avx2.o $B/avx512.o"
+gcc $CF engines/cpu/tests/kernel_test.c $COMMON "$B/amx_cur.o" -lm -lpthread -o "$B/kernel_test"
+for t in $TAGS; do
+  gcc $CF tests/bench/amx_products.c $COMMON "$B/amx_$t.o" -lm -lpthread -o "$B/products_$t" &
+done
+wait
+"$B/kernel_test" > "$B/kernel_test.log" || { grep -m10 FAIL "$B/kernel_test.log"; tail -3 "$B/kernel_test.log"; exit 1; }
+tail -2 "$B/kernel_test.log"
+export OMP_PROC_BIND=close OMP_PLACES=cores
+lscpu | grep -E "Model name|L2 cache|L3 cache|^CPU\(s\)"
+for spec in "2 28672 4096 8" "8 28672 4096 6" "2 28672 4096 1"; do
+  for round in 1 2; do  # alternating: every tag twice
+    for t in $TAGS; do "$B/products_$t" "$t" $spec; done
+  done
+done
