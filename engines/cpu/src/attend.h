@@ -4,6 +4,7 @@
  * variant after it defines its two row primitives:
  *   dots_f16(hd, k, q, ng, out)    out[g] = q[g] . k for the ng query rows q (hd floats apart)
  *   axpys_f16(hd, v, w, ng, acc)   acc[g] += w[g] * v for the ng accumulators (hd floats apart)
+ * and, where it defines HS_AXPYS_SPAN, axpys_span_f16: the latter over a span's positions.
  */
 #ifndef HS_ATTEND_H
 #define HS_ATTEND_H
@@ -30,15 +31,29 @@ static void attend_f16(int hd, int ng, float scale, const float *q, const hs_fp1
                 for (int d = 0; d < hd; d++) acc[(size_t)g * hd + d] *= rescale;
             }
             float sum = 0.0f;
+#ifdef HS_EXPS /* the variant's glibc-exact vector expf (x86_common.h) */
+            float e[HS_ATTN_SPAN];
+            for (int p = 0; p < n; p++) e[p] = s[p * ng + g] - max;
+            exps(e, n);
+            for (int p = 0; p < n; p++) {
+                s[p * ng + g] = e[p];
+                sum += e[p];
+            }
+#else
             for (int p = 0; p < n; p++) {
                 const float e = expf(s[p * ng + g] - max);
                 s[p * ng + g] = e;
                 sum += e;
             }
+#endif
             l[g] += sum;
             m[g] = max;
         }
+#ifdef HS_AXPYS_SPAN /* the variant's own loop over the span (x86_common.h) */
+        axpys_span_f16(hd, v + p0, s, n, ng, acc);
+#else
         for (int p = 0; p < n; p++) axpys_f16(hd, v[p0 + p], s + p * ng, ng, acc);
+#endif
     }
 }
 
