@@ -4,7 +4,7 @@
  * variant after it defines its two row primitives:
  *   dots_f16(hd, k, q, ng, out)    out[g] = q[g] . k for the ng query rows q (hd floats apart)
  *   axpys_f16(hd, v, w, ng, acc)   acc[g] += w[g] * v for the ng accumulators (hd floats apart)
- * and, where it defines HS_AXPYS_SPAN, axpys_span_f16: the latter over a span's positions.
+ * or, defining HS_AXPYS_SPAN instead, axpys_span_f16: the same over a span's positions.
  */
 #ifndef HS_ATTEND_H
 #define HS_ATTEND_H
@@ -31,7 +31,7 @@ static void attend_f16(int hd, int ng, float scale, const float *q, const hs_fp1
                 for (int d = 0; d < hd; d++) acc[(size_t)g * hd + d] *= rescale;
             }
             float sum = 0.0f;
-#ifdef HS_EXPS /* the variant's glibc-exact vector expf (x86_common.h) */
+#ifdef HS_EXPS /* the variant's glibc-exact vector expf (x86_common.h, AVX-512) */
             float e[HS_ATTN_SPAN];
             for (int p = 0; p < n; p++) e[p] = s[p * ng + g] - max;
             exps(e, n);

@@ -166,15 +166,6 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i index = _mm512_maskz_mullo_epi32(_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(rows)),
                                                    lane, _mm512_set1_epi32((int)wstride));
-    if (WIDE8_AHEAD) { /* the next strip's scales (and minimums) and first quants, into L2 */
-        const size_t tail = (size_t)nb * (kind == Q4_1 ? 4 : 2);
-        for (int r = 0; r < AMX_M; r++) {
-            const char *next = (const char *)w + (size_t)(AMX_M + r) * wstride;
-            for (size_t at = 0; at < tail; at += 64)
-                _mm_prefetch(next + (size_t)nb * qbytes + at, PF_HINT);
-            for (size_t at = 0; at < WIDE8_AHEAD; at += 64) _mm_prefetch(next + at, PF_HINT);
-        }
-    }
 #define DRAIN(buf, b)                                                                           \
     do {                                                                                       \
         const uint8_t *scales = w + (size_t)nb * qbytes + 2 * (size_t)(b);                     \
@@ -257,8 +248,16 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
     for (int c = 0; c < groups; c++)
         gather_blocks(kind, nb, (const char *)a + (size_t)c * AMX_N * astride, astride,
                       scratch + (size_t)c * nb);
+    const size_t qbytes = kind == Q8_0 ? 32 : 16, tail = (size_t)nb * (kind == Q4_1 ? 4 : 2);
     for (int r = 0; r < nrows; r += AMX_M) {
         const uint8_t *rows = (const uint8_t *)w + (size_t)r * wstride;
+        if (WIDE8_AHEAD) /* the next strip's scales (and minimums) and first quants, into L2 */
+            for (int i = 0; i < AMX_M; i++) {
+                const char *next = (const char *)rows + (size_t)(AMX_M + i) * wstride;
+                for (size_t at = 0; at < tail; at += 64)
+                    _mm_prefetch(next + (size_t)nb * qbytes + at, PF_HINT);
+                for (size_t at = 0; at < WIDE8_AHEAD; at += 64) _mm_prefetch(next + at, PF_HINT);
+            }
         for (int c = 0; c < groups; c++)
             strip(kind, nb, rows, wstride, nrows - r < AMX_M ? nrows - r : AMX_M,
                   scratch + (size_t)c * nb, out + (size_t)c * AMX_N * ostride + r, ostride);

@@ -80,20 +80,7 @@ static inline void dots_f16(int hd, const hs_fp16 *k, const float *q, int ng, fl
     }
 }
 
-static inline void axpys_f16(int hd, const hs_fp16 *v, const float *w, int ng, float *acc) {
-    int j = 0;
-    for (; j + 8 <= hd; j += 8) {
-        const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + j)));
-        for (int g = 0; g < ng; g++) {
-            float *y = acc + (size_t)g * hd + j;
-            _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_set1_ps(w[g]), vv, _mm256_loadu_ps(y)));
-        }
-    }
-    for (; j < hd; j++)
-        for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[g] * hs_f16(v[j]);
-}
-
-/* axpys_f16 over n positions in order (v[p], weights w[p * ng + g]), with each 8-lane slice of
+/* acc[g] += w[p * ng + g] * v[p] over n positions in order, with each 8-lane slice of
  * the ng accumulators held in registers across the positions instead of loaded and stored at
  * every one: each element gets the same fused multiply-adds in the same order, so the same bits
  * (the exact hand-off's prefill engine repeats this arithmetic: prefill/exact.py). */
@@ -116,14 +103,16 @@ static inline void axpys_span_f16(int hd, const hs_fp16 *const *v, const float *
             for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[p * ng + g] * hs_f16(v[p][j]);
 }
 
-/* glibc's expf, bit for bit, 4 at a time: the attention's softmax calls it once per position
- * and head, and the exact hand-off's prefill engine repeats glibc's algorithm
- * (prefill/exact.py), so the vector form must give its very bits. The algorithm of glibc >= 2.28
- * (sysdeps/ieee754/flt-32/e_expf.c) as its FMA build computes it - the ifunc every AVX2 host
- * takes: in double, k = round(x * 32/ln 2) by fma(32/ln 2, x, 1.5 * 2^52), r = fma(32/ln 2, x,
- * -k), 2^(k/32) from a 32-entry table with k >> 5 added to the exponent, a cubic in r in three
- * fused steps, rounded to float once. x beyond the float range: 0, +inf, NaN as glibc returns
- * them. Checked against the C library's expf over every float (kernel_test: a stride of them). */
+#ifdef __AVX512F__
+/* glibc's expf, bit for bit, 8 at a time (the avx512 variants; avx2 keeps the C library's): the
+ * attention's softmax calls it once per position and head, and the exact hand-off's prefill
+ * engine repeats glibc's algorithm (prefill/exact.py), so the vector form must give its very
+ * bits. The algorithm of glibc >= 2.28 (sysdeps/ieee754/flt-32/e_expf.c) as its FMA build
+ * computes it - the ifunc every AVX2 host takes: in double, k = round(x * 32/ln 2) by
+ * fma(32/ln 2, x, 1.5 * 2^52), r = fma(32/ln 2, x, -k), 2^(k/32) from a 32-entry table (looked
+ * up by two two-register permutes) with k >> 5 added to the exponent, a cubic in r in three fused
+ * steps, rounded to float once. x beyond the float range: 0, +inf, NaN as glibc returns them.
+ * Checked against the C library's expf over every float (tests/expf_check.c). */
 #define HS_EXPS 1
 static const uint64_t hs_exp2f_tab[32] = { /* bits of 2^(i/32) minus i << 47 (glibc's table) */
     0x3ff0000000000000ULL, 0x3fefd9b0d3158574ULL, 0x3fefb5586cf9890fULL, 0x3fef9301d0125b51ULL,
@@ -136,31 +125,6 @@ static const uint64_t hs_exp2f_tab[32] = { /* bits of 2^(i/32) minus i << 47 (gl
     0x3fef5818dcfba487ULL, 0x3fef7c97337b9b5fULL, 0x3fefa4afa2a490daULL, 0x3fefd0765b6e4540ULL,
 };
 
-static inline __m128 expf4(__m128 x) {
-    const __m256d xd = _mm256_cvtps_pd(x);
-    const __m256d invln2n = _mm256_set1_pd(0x1.71547652b82fep+0 * 32);
-    const __m256d shift = _mm256_set1_pd(0x1.8p+52);
-    const __m256d kd0 = _mm256_fmadd_pd(invln2n, xd, shift);
-    const __m256i ki = _mm256_castpd_si256(kd0);
-    const __m256d kd = _mm256_sub_pd(kd0, shift);
-    const __m256d r = _mm256_fmsub_pd(invln2n, xd, kd);
-    __m256i t = _mm256_i64gather_epi64((const long long *)hs_exp2f_tab,
-                                       _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
-    t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
-    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
-                                      _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
-    const __m256d r2 = _mm256_mul_pd(r, r);
-    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
-    y = _mm256_fmadd_pd(z, r2, y);
-    y = _mm256_mul_pd(y, _mm256_castsi256_pd(t));
-    __m128 out = _mm256_cvtpd_ps(y);
-    out = _mm_blendv_ps(out, _mm_setzero_ps(), _mm_cmp_ps(x, _mm_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ));
-    out = _mm_blendv_ps(out, _mm_set1_ps(INFINITY), _mm_cmp_ps(x, _mm_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ));
-    return _mm_blendv_ps(out, _mm_add_ps(x, x), _mm_cmp_ps(x, x, _CMP_UNORD_Q));
-}
-
-#ifdef __AVX512F__
-/* The same on 8 floats with 8 doubles; the table lookup as two two-register permutes. */
 static inline __m256 expf8(__m256 x) {
     const __m512d xd = _mm512_cvtps_pd(x);
     const __m512d invln2n = _mm512_set1_pd(0x1.71547652b82fep+0 * 32);
@@ -185,22 +149,15 @@ static inline __m256 expf8(__m256 x) {
     out = _mm256_blendv_ps(out, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ));
     return _mm256_blendv_ps(out, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
-#endif
 
 /* x[i] = expf(x[i]) for i < n, as glibc's expf. */
 static inline void exps(float *x, int n) {
-    int i = 0;
-#ifdef __AVX512F__
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, expf8(_mm256_loadu_ps(x + i)));
-#endif
-    for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, expf4(_mm_loadu_ps(x + i)));
-    if (i < n) {
-        float tail[4] = {0};
-        memcpy(tail, x + i, sizeof(float) * (size_t)(n - i));
-        _mm_storeu_ps(tail, expf4(_mm_loadu_ps(tail)));
-        memcpy(x + i, tail, sizeof(float) * (size_t)(n - i));
+    for (int i = 0; i < n; i += 8) {
+        const __mmask8 m = n - i >= 8 ? 0xff : (__mmask8)((1u << (n - i)) - 1);
+        _mm256_mask_storeu_ps(x + i, m, expf8(_mm256_maskz_loadu_ps(m, x + i)));
     }
 }
+#endif
 
 static float dot_f16(int n, const hs_fp16 *w, const float *x) {
     float out;
