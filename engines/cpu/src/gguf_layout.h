@@ -39,13 +39,17 @@ static inline void gguf_mm(hs_dot_fn dot, hs_gemm_fn gemm, int nb, const void *w
     }
 
 /* The table of a GGUF-layout variant whose functions carry these names (avx2 and the aarch64
- * variants); `GETTER` returns it. */
+ * variants); `GETTER` returns it. GGUF_LAYOUT_EXTRA: entries a variant adds
+ * (defined before this file is included; none by default). */
+#ifndef GGUF_LAYOUT_EXTRA
+#define GGUF_LAYOUT_EXTRA
+#endif
 #define GGUF_LAYOUT_TABLE(NAME, GETTER)                                                          \
     static const hs_kernels table = {                                                           \
         .name = NAME, .act_bytes = gguf_act_bytes, .quantize_act = quantize_act,                 \
         .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1, .mm_q8_0 = mm_q8_0, .dot_f16 = dot_f16,           \
         .dot_f32 = dot_f32, .to_f16 = to_f16,                                                    \
-        .attend_f16 = attend_f16,                                                                \
+        .attend_f16 = attend_f16, GGUF_LAYOUT_EXTRA                                              \
     };                                                                                           \
     const hs_kernels *GETTER(void) { return &table; }
 

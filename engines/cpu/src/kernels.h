@@ -73,6 +73,10 @@ typedef struct {
                         int count, void *buf);
     void (*attend_rows)(int hd, int nq, float scale, const float *const *q, const int *lim,
                         const void *buf, int count, float *m, float *l, float *const *acc);
+    /* 1: attend_rows gives each row attend_f16's very bits (x86_common.h's; the exact KV
+     * hand-off relies on it), 0: its own arithmetic (amx's tiles, within the kernel test's
+     * bounds). */
+    int attend_rows_exact;
 } hs_kernels;
 
 #define HS_ATTN_ROWS 16  /* query rows per attend_rows call */

@@ -2,6 +2,7 @@
  * Signed int8 products use the sign trick: maddubs(|x|, sign(y, x)) == x*y summed in pairs. */
 #include <math.h>
 
+#define GGUF_LAYOUT_EXTRA HS_ROWS_KERNELS /* x86_common.h: attend_rows, attend_f16's bits */
 #include "gguf_layout.h"
 #include "x86_common.h"
 

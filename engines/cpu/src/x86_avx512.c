@@ -281,7 +281,7 @@ TILES(Q8_0, mm_q8_0)
     .mm_q8_0 = mm_q8_0
 
 #ifndef HS_AMX
-static const hs_kernels table = {.name = "avx512vnni", AVX512_KERNELS};
+static const hs_kernels table = {.name = "avx512vnni", AVX512_KERNELS, HS_ROWS_KERNELS};
 
 const hs_kernels *hs_kernels_avx512(void) { return &table; }
 #endif

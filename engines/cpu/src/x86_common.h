@@ -183,4 +183,167 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
 
 #include "attend.h"
 
+/* ---- attend_rows, bit for bit attend_f16 row by row ----------------------------------------
+ * A prefill chunk's attention with each K and V row loaded once for all the query rows of a
+ * block (up to HS_ATTN_ROWS: several tokens' heads that share one KV head). attend_f16 runs one
+ * token at a time: its few rows (3 for SmolLM2) leave the FMA unit waiting on 8-deep dot chains
+ * and 64-deep accumulate chains. Here the chains of many rows and positions run side by side,
+ * and every row still gets attend_f16's operations in attend_f16's order, so the same bits (the
+ * exact KV hand-off's prefill engine, prefill/exact.py, repeats attend_f16's arithmetic):
+ * - scores: each (row, position) dot as dots_f16 computes it, 8-lane FMAs over the head, then
+ *   its horizontal sum ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) (hsum_ps), done for 8
+ *   positions at once by a transpose that adds the very same pairs;
+ * - per 64-position span, row r's positions below lim[r]: scale, running max, rescale, exps and
+ *   the sum in position order, as attend_f16 with ng = 1;
+ * - acc[r] += w * v per position in order, each 8-lane slice in a register (axpys_span_f16),
+ *   several rows and slices at once up to the tile's shortest row, then each row's own rest.
+ * The packed layout is the cached fp16 rows copied together, K then V per position. */
+#ifdef __AVX512F__
+#define ROWS_TILE 3 /* rows whose scores of 8 positions are accumulated at once (32 registers) */
+#define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once */
+#else
+#define ROWS_TILE 1
+#define AXPY_ROWS 2
+#endif
+
+static inline size_t rows_bytes(int hd, int count) {
+    return (size_t)(count + 7) / 8 * 8 * 2 * (size_t)hd * sizeof(hs_fp16);
+}
+
+/* Position p's K row at buf + 2 hd p, its V row after it; positions up to the next multiple of 8
+ * zeroed (their scores are computed and never used). */
+static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
+                             int count, void *buf) {
+    hs_fp16 *b = buf;
+    for (int p = from; p < count; p++) {
+        memcpy(b + (size_t)p * 2 * hd, k[p], sizeof(hs_fp16) * (size_t)hd);
+        memcpy(b + ((size_t)p * 2 + 1) * hd, v[p], sizeof(hs_fp16) * (size_t)hd);
+    }
+    for (int p = count; p % 8; p++) memset(b + (size_t)p * 2 * hd, 0, sizeof(hs_fp16) * 2 * (size_t)hd);
+}
+
+/* The horizontal sums of eight vectors (hsum_ps each, the same additions), in one vector. */
+static inline __m256 hsum8_ps(const __m256 *a) {
+    __m256 t[4];
+    for (int i = 0; i < 4; i++) /* [a_i 0+4, 1+5, 2+6, 3+7 | a_i+4 the same] */
+        t[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20),
+                             _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+    /* [a0: (0+4)+(2+6), (1+5)+(3+7), a1: the same | a4, a5] and [a2, a3 | a6, a7] */
+    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xee));
+    const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xee));
+    return _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xdd));
+}
+
+/* Scores of rows q[0..R) against the 8 packed positions from p: s[r][p .. p + 8). */
+static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, const float *const *q,
+                                                             const hs_fp16 *kv, int p,
+                                                             float (*s)[HS_ATTN_SPAN], int s0) {
+    __m256 a[ROWS_TILE][8];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < 8; i++) a[r][i] = _mm256_setzero_ps();
+    for (int j = 0; j < hd; j += 8) {
+        __m256 qv[ROWS_TILE];
+        for (int r = 0; r < R; r++) qv[r] = _mm256_loadu_ps(q[r] + j);
+        for (int i = 0; i < 8; i++) {
+            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + (size_t)(p + i) * 2 * hd + j)));
+            for (int r = 0; r < R; r++) a[r][i] = _mm256_fmadd_ps(k, qv[r], a[r][i]);
+        }
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(s[r] + s0, hsum8_ps(a[r]));
+}
+
+/* acc[r][0..hd) += w[r][p] * v[p] for positions [from, to) in order, R rows at once. */
+static inline __attribute__((always_inline)) void rows_axpys(int R, int hd, const hs_fp16 *kv,
+                                                             int base, int from, int to,
+                                                             const float (*w)[HS_ATTN_SPAN],
+                                                             float *const *acc) {
+    for (int j = 0; j < hd; j += 32) {
+        __m256 a[AXPY_ROWS][4];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++) a[r][c] = _mm256_loadu_ps(acc[r] + j + 8 * c);
+        for (int p = from; p < to; p++) {
+            const hs_fp16 *vrow = kv + ((size_t)(base + p) * 2 + 1) * hd + j;
+            __m256 vv[4];
+            for (int c = 0; c < 4; c++) vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vrow + 8 * c)));
+            for (int r = 0; r < R; r++) {
+                const __m256 wr = _mm256_set1_ps(w[r][p]);
+                for (int c = 0; c < 4; c++) a[r][c] = _mm256_fmadd_ps(wr, vv[c], a[r][c]);
+            }
+        }
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < 4; c++) _mm256_storeu_ps(acc[r] + j + 8 * c, a[r][c]);
+    }
+}
+
+static inline void rows_attend(int hd, int nq, float scale, const float *const *q, const int *lim,
+                               const void *buf, int count, float *m, float *l, float *const *acc) {
+    const hs_fp16 *kv = buf;
+    _Alignas(32) float s[HS_ATTN_ROWS][HS_ATTN_SPAN];
+    for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
+        const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
+        int nr[HS_ATTN_ROWS], first = nq, last = 0; /* rows [first, last) see this span */
+        for (int r = 0; r < nq; r++) {
+            nr[r] = lim[r] - p0 < n ? lim[r] - p0 : n;
+            if (nr[r] > 0 && r < first) first = r;
+            if (nr[r] > 0) last = r + 1;
+        }
+        if (first >= last) break; /* lim[r] <= count: no later span has any */
+        for (int r0 = first; r0 < last; r0 += ROWS_TILE) {
+            const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
+            int most = 0;
+            for (int r = r0; r < r0 + R; r++) most = nr[r] > most ? nr[r] : most;
+            for (int p = 0; p < most; p += 8) {
+#if ROWS_TILE == 3
+                if (R == 3) rows_dots8(3, hd, q + r0, kv, p0 + p, s + r0, p);
+                else if (R == 2) rows_dots8(2, hd, q + r0, kv, p0 + p, s + r0, p);
+                else
+#endif
+                rows_dots8(1, hd, q + r0, kv, p0 + p, s + r0, p);
+            }
+        }
+        for (int r = first; r < last; r++) { /* attend_f16's softmax step, ng = 1 */
+            if (nr[r] <= 0) continue;
+            float max = m[r];
+            for (int p = 0; p < nr[r]; p++) {
+                s[r][p] *= scale;
+                if (s[r][p] > max) max = s[r][p];
+            }
+            const float rescale = expf(m[r] - max);
+            if (rescale != 1.0f) {
+                l[r] *= rescale;
+                for (int d = 0; d < hd; d++) acc[r][d] *= rescale;
+            }
+            float sum = 0.0f;
+            for (int p = 0; p < nr[r]; p++) s[r][p] -= max;
+#ifdef HS_EXPS
+            exps(s[r], nr[r]);
+            for (int p = 0; p < nr[r]; p++) sum += s[r][p];
+#else
+            for (int p = 0; p < nr[r]; p++) {
+                s[r][p] = expf(s[r][p]);
+                sum += s[r][p];
+            }
+#endif
+            l[r] += sum;
+            m[r] = max;
+        }
+        for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
+            const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;
+            int common = n;
+            for (int r = r0; r < r0 + R; r++) common = nr[r] < common ? nr[r] : common;
+            if (common < 0) common = 0;
+            if (R == AXPY_ROWS) rows_axpys(AXPY_ROWS, hd, kv, p0, 0, common, (const float (*)[HS_ATTN_SPAN])s + r0, acc + r0);
+            else
+                for (int r = r0; r < r0 + R; r++) rows_axpys(1, hd, kv, p0, 0, common, (const float (*)[HS_ATTN_SPAN])s + r, acc + r);
+            for (int r = r0; r < r0 + R; r++)
+                if (nr[r] > common) rows_axpys(1, hd, kv, p0, common, nr[r], (const float (*)[HS_ATTN_SPAN])s + r, acc + r);
+        }
+    }
+}
+
+/* Table entries of a variant that takes them (HS_ATTN_ROWS_EXACT: attend_f16's bits). */
+#define HS_ROWS_KERNELS                                                                          \
+    .attend_bytes = rows_bytes, .attend_pack = rows_pack, .attend_rows = rows_attend,            \
+    .attend_rows_exact = 1
+
 #endif

@@ -92,6 +92,54 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     check(ok, "attend_f16", k->name);
 }
 
+/* attend_rows of a variant that promises attend_f16's bits (attend_rows_exact) against its own
+ * attend_f16, one row at a time, every bit of m, l and acc: head widths 32 to 128, 1 to 16 rows
+ * whose limits fall anywhere in 1..count (inside and across the 64-position spans, rows that stop
+ * spans early, limits out of row order), contexts of 1 to 256 positions packed in two steps, the
+ * accumulators continued from an earlier span's running state, scores close and far apart. */
+static void test_attend_rows_exact(const hs_kernels *k, unsigned *seed) {
+    enum { HD = 128, COUNT = 256, R = HS_ATTN_ROWS };
+    static hs_fp16 kv[2][COUNT][HD];
+    static float q[R][HD], acc[R][HD], want[R][HD];
+    const hs_fp16 *kp[COUNT], *vp[COUNT];
+    random_kv(&kv[0][0][0], &kv[1][0][0], COUNT, HD, kp, vp, seed);
+    const int widths[3] = {32, 64, 128}, rows[4] = {1, 3, 15, R}, counts[5] = {1, 8, 63, 150, COUNT};
+    const float scales[2] = {0.125f, 8.0f};
+    int ok = 1;
+    for (int si = 0; si < 2; si++)
+    for (int wi = 0; wi < 3; wi++)
+    for (int ri = 0; ri < 4; ri++)
+    for (int ci = 0; ci < 5; ci++)
+    for (int carry = 0; carry < 2; carry++) {
+        const int hd = widths[wi], nq = rows[ri], count = counts[ci];
+        const float *qs[R];
+        float *as[R], m[R], l[R], m2[R], l2[R];
+        int lim[R];
+        for (int r = 0; r < nq; r++) {
+            for (int d = 0; d < hd; d++) {
+                q[r][d] = 2.0f * frand(seed);
+                acc[r][d] = want[r][d] = carry ? frand(seed) : 0.0f;
+            }
+            qs[r] = q[r], as[r] = acc[r];
+            m[r] = m2[r] = carry ? 2.0f * frand(seed) : -INFINITY;
+            l[r] = l2[r] = carry ? 1.5f + frand(seed) : 0.0f;
+            lim[r] = r == nq / 2 ? count : 1 + (int)((frand(seed) + 1.0f) * 0.5f * (float)(count - 1));
+        }
+        void *buf = aligned_alloc(64, (k->attend_bytes(hd, count) + 63) / 64 * 64);
+        memset(buf, 0xff, (k->attend_bytes(hd, count) + 63) / 64 * 64); /* NaN fp16: unpacked */
+        k->attend_pack(hd, kp, vp, 0, count > 40 ? 40 : count, buf);
+        if (count > 40) k->attend_pack(hd, kp, vp, 40, count, buf);
+        k->attend_rows(hd, nq, scales[si], qs, lim, buf, count, m, l, as);
+        free(buf);
+        for (int r = 0; r < nq; r++) {
+            k->attend_f16(hd, 1, scales[si], q[r], kp, vp, lim[r], &m2[r], &l2[r], want[r]);
+            ok &= memcmp(&m[r], &m2[r], sizeof(float)) == 0 && memcmp(&l[r], &l2[r], sizeof(float)) == 0;
+            ok &= memcmp(acc[r], want[r], sizeof(float) * (size_t)hd) == 0;
+        }
+    }
+    check(ok, "attend_rows: attend_f16's bits", k->name);
+}
+
 /* attend_pack + attend_rows against the reference's attend_f16, row by row: head widths of 64
  * and 128, 3 to 16 rows each attending its own number of positions (1 to 150: partial 32-position
  * blocks, rows that stop early; packed in two steps), scores close together and hundreds apart.
@@ -287,6 +335,7 @@ int main(void) {
             test_attend(k, ref, &seed);
             if (k->wide) test_wide(k, three, &seed);
             if (k->attend_rows) test_attend_rows(k, ref, &seed);
+            if (k->attend_rows_exact) test_attend_rows_exact(k, &seed);
             if (k->swiglu) { /* against the scalar formula: gates from -40 to 40, a tail of 7 */
                 enum { SN = 1031 };
                 float g[SN], u[SN], want[SN], worst = 0;
