@@ -44,12 +44,15 @@ static inline void gguf_mm(hs_dot_fn dot, hs_gemm_fn gemm, int nb, const void *w
 #ifndef GGUF_LAYOUT_EXTRA
 #define GGUF_LAYOUT_EXTRA
 #endif
+#ifndef GGUF_ATTEND_F16 /* the variant's attend_f16: attend.h's unless it names its own */
+#define GGUF_ATTEND_F16 attend_f16
+#endif
 #define GGUF_LAYOUT_TABLE(NAME, GETTER)                                                          \
     static const hs_kernels table = {                                                           \
         .name = NAME, .act_bytes = gguf_act_bytes, .quantize_act = quantize_act,                 \
         .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1, .mm_q8_0 = mm_q8_0, .dot_f16 = dot_f16,           \
         .dot_f32 = dot_f32, .to_f16 = to_f16,                                                    \
-        .attend_f16 = attend_f16, GGUF_LAYOUT_EXTRA                                              \
+        .attend_f16 = GGUF_ATTEND_F16, GGUF_LAYOUT_EXTRA                                         \
     };                                                                                           \
     const hs_kernels *GETTER(void) { return &table; }
 

@@ -73,11 +73,15 @@ typedef struct {
                         int count, void *buf);
     void (*attend_rows)(int hd, int nq, float scale, const float *const *q, const int *lim,
                         const void *buf, int count, float *m, float *l, float *const *acc);
-    /* 1: attend_rows gives each row attend_f16's very bits (x86_common.h's; the exact KV
-     * hand-off relies on it), 0: its own arithmetic (amx's tiles, within the kernel test's
-     * bounds). */
-    int attend_rows_exact;
+    /* Which of the attention kernels compute attend.h's arithmetic bit for bit (the exact KV
+     * hand-off relies on it): HS_EXACT_F16 (attend_f16), HS_EXACT_ROWS (attend_rows, each row as
+     * attend_f16 would; amx's tile attend_rows has its own arithmetic). The kernel test holds
+     * them to a scalar statement of it. */
+    int attend_exact;
 } hs_kernels;
+
+#define HS_EXACT_F16 1
+#define HS_EXACT_ROWS 2
 
 #define HS_ATTN_ROWS 16  /* query rows per attend_rows call */
 #define HS_ATTN_HD 256   /* widest head attend_rows takes */

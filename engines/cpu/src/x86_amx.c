@@ -690,6 +690,7 @@ static void swiglu(size_t n, float *gate, const float *up) {
 static const hs_kernels table = {
     .name = "amx",
     AVX512_KERNELS,
+    .attend_exact = HS_EXACT_F16, /* attend_f16 (decode) is avx512vnni's; attend_rows its own */
     .wide8_q4_0 = wide8_q4_0,
     .wide8_q4_1 = wide8_q4_1,
     .wide8_q8_0 = wide8_q8_0,

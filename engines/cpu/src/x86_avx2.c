@@ -2,7 +2,9 @@
  * Signed int8 products use the sign trick: maddubs(|x|, sign(y, x)) == x*y summed in pairs. */
 #include <math.h>
 
-#define GGUF_LAYOUT_EXTRA HS_ROWS_KERNELS /* x86_common.h: attend_rows, attend_f16's bits */
+/* x86_common.h's attention on many rows at once, attend.h's bits */
+#define GGUF_LAYOUT_EXTRA HS_ROWS_KERNELS
+#define GGUF_ATTEND_F16 attend_f16_rows
 #include "gguf_layout.h"
 #include "x86_common.h"
 

@@ -275,7 +275,7 @@ TILES(Q8_0, mm_q8_0)
 /* The table's entries; x86_amx.c includes this file and adds its tile-unit products. */
 #define AVX512_KERNELS                                                                          \
     .dot_f16 = dot_f16, .dot_f32 = dot_f32, .to_f16 = to_f16,                                 \
-    .attend_f16 = attend_f16,                                                                    \
+    .attend_f16 = attend_f16_rows,                                                               \
     .act_bytes = act_bytes, .quantize_act = quantize_packed,                                     \
     .pack_row = pack_row, .unpack_row = unpack_row, .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1,     \
     .mm_q8_0 = mm_q8_0

@@ -183,21 +183,24 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
 
 #include "attend.h"
 
-/* ---- attend_rows, bit for bit attend_f16 row by row ----------------------------------------
- * A prefill chunk's attention with each K and V row loaded once for all the query rows of a
- * block (up to HS_ATTN_ROWS: several tokens' heads that share one KV head). attend_f16 runs one
- * token at a time: its few rows (3 for SmolLM2) leave the FMA unit waiting on 8-deep dot chains
- * and 64-deep accumulate chains. Here the chains of many rows and positions run side by side,
- * and every row still gets attend_f16's operations in attend_f16's order, so the same bits (the
- * exact KV hand-off's prefill engine, prefill/exact.py, repeats attend_f16's arithmetic):
+/* ---- attention over a 64-position span, many rows at once (attend_f16, attend_rows) --------
+ * The arithmetic that attend.h's attend_f16 defines (and the exact KV hand-off's prefill engine,
+ * prefill/exact.py, repeats), laid out so that many independent chains run side by side: token
+ * by token with a few heads (3 for SmolLM2), the FMA unit would wait on 8-deep dot chains and
+ * 64-deep accumulate chains. Every row still gets the same operations in the same order, so the
+ * same bits as attend.h's loops:
  * - scores: each (row, position) dot as dots_f16 computes it, 8-lane FMAs over the head, then
  *   its horizontal sum ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) (hsum_ps), done for 8
  *   positions at once by a transpose that adds the very same pairs;
- * - per 64-position span, row r's positions below lim[r]: scale, running max, rescale, exps and
- *   the sum in position order, as attend_f16 with ng = 1;
+ * - per 64-position span, row r's first nr[r] positions: scale, running max, rescale, exps and
+ *   the sum in position order;
  * - acc[r] += w * v per position in order, each 8-lane slice in a register (axpys_span_f16),
  *   several rows and slices at once up to the tile's shortest row, then each row's own rest.
- * The packed layout is the cached fp16 rows copied together, K then V per position. */
+ * Used by attend_f16 (decode: one token's heads, hd a multiple of 32) and by attend_rows (a
+ * prefill chunk's block of up to HS_ATTN_ROWS rows: several tokens' heads that share a KV head,
+ * each K and V row loaded once for all of them; its packed layout is the cached fp16 rows
+ * copied together, K then V per position). The kernel test checks both against a scalar
+ * statement of this arithmetic, bit for bit. */
 #ifdef __AVX512F__
 #define ROWS_TILE 3 /* rows whose scores of 8 positions are accumulated at once (32 registers) */
 #define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once */
@@ -205,22 +208,6 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
 #define ROWS_TILE 1
 #define AXPY_ROWS 2
 #endif
-
-static inline size_t rows_bytes(int hd, int count) {
-    return (size_t)(count + 7) / 8 * 8 * 2 * (size_t)hd * sizeof(hs_fp16);
-}
-
-/* Position p's K row at buf + 2 hd p, its V row after it; positions up to the next multiple of 8
- * zeroed (their scores are computed and never used). */
-static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
-                             int count, void *buf) {
-    hs_fp16 *b = buf;
-    for (int p = from; p < count; p++) {
-        memcpy(b + (size_t)p * 2 * hd, k[p], sizeof(hs_fp16) * (size_t)hd);
-        memcpy(b + ((size_t)p * 2 + 1) * hd, v[p], sizeof(hs_fp16) * (size_t)hd);
-    }
-    for (int p = count; p % 8; p++) memset(b + (size_t)p * 2 * hd, 0, sizeof(hs_fp16) * 2 * (size_t)hd);
-}
 
 /* The horizontal sums of eight vectors (hsum_ps each, the same additions), in one vector. */
 static inline __m256 hsum8_ps(const __m256 *a) {
@@ -234,9 +221,9 @@ static inline __m256 hsum8_ps(const __m256 *a) {
     return _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x88), _mm256_shuffle_ps(u0, u1, 0xdd));
 }
 
-/* Scores of rows q[0..R) against the 8 packed positions from p: s[r][p .. p + 8). */
+/* Scores of rows q[0..R) against the 8 K rows k8: s[r][s0 .. s0 + 8). */
 static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, const float *const *q,
-                                                             const hs_fp16 *kv, int p,
+                                                             const hs_fp16 *const *k8,
                                                              float (*s)[HS_ATTN_SPAN], int s0) {
     __m256 a[ROWS_TILE][8];
     for (int r = 0; r < R; r++)
@@ -245,7 +232,7 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
         __m256 qv[ROWS_TILE];
         for (int r = 0; r < R; r++) qv[r] = _mm256_loadu_ps(q[r] + j);
         for (int i = 0; i < 8; i++) {
-            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kv + (size_t)(p + i) * 2 * hd + j)));
+            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k8[i] + j)));
             for (int r = 0; r < R; r++) a[r][i] = _mm256_fmadd_ps(k, qv[r], a[r][i]);
         }
     }
@@ -253,18 +240,18 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
 }
 
 /* acc[r][0..hd) += w[r][p] * v[p] for positions [from, to) in order, R rows at once. */
-static inline __attribute__((always_inline)) void rows_axpys(int R, int hd, const hs_fp16 *kv,
-                                                             int base, int from, int to,
-                                                             const float (*w)[HS_ATTN_SPAN],
+static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
+                                                             const hs_fp16 *const *v, int from,
+                                                             int to, const float (*w)[HS_ATTN_SPAN],
                                                              float *const *acc) {
     for (int j = 0; j < hd; j += 32) {
         __m256 a[AXPY_ROWS][4];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm256_loadu_ps(acc[r] + j + 8 * c);
         for (int p = from; p < to; p++) {
-            const hs_fp16 *vrow = kv + ((size_t)(base + p) * 2 + 1) * hd + j;
             __m256 vv[4];
-            for (int c = 0; c < 4; c++) vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vrow + 8 * c)));
+            for (int c = 0; c < 4; c++)
+                vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p] + j + 8 * c)));
             for (int r = 0; r < R; r++) {
                 const __m256 wr = _mm256_set1_ps(w[r][p]);
                 for (int c = 0; c < 4; c++) a[r][c] = _mm256_fmadd_ps(wr, vv[c], a[r][c]);
@@ -275,9 +262,108 @@ static inline __attribute__((always_inline)) void rows_axpys(int R, int hd, cons
     }
 }
 
+/* One span of n (<= HS_ATTN_SPAN) positions, K rows k[p] and V rows v[p], for rows [first, last)
+ * of which row r takes the first nr[r] (rows with none are left as they are). hd a multiple of
+ * 32, at most HS_ATTN_HD. */
+static inline void rows_span(int hd, int first, int last, const int *nr, float scale,
+                             const float *const *q, const hs_fp16 *const *k,
+                             const hs_fp16 *const *v, int n, float *m, float *l, float *const *acc,
+                             float (*s)[HS_ATTN_SPAN]) {
+    static const hs_fp16 zero_row[HS_ATTN_HD]; /* the scores past n of the last 8: never used */
+    for (int r0 = first; r0 < last; r0 += ROWS_TILE) {
+        const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
+        int most = 0;
+        for (int r = r0; r < r0 + R; r++) most = nr[r] > most ? nr[r] : most;
+        for (int p = 0; p < most; p += 8) {
+            const hs_fp16 *k8[8];
+            for (int i = 0; i < 8; i++) k8[i] = p + i < n ? k[p + i] : zero_row;
+#if ROWS_TILE == 3
+            if (R == 3) rows_dots8(3, hd, q + r0, k8, s + r0, p);
+            else if (R == 2) rows_dots8(2, hd, q + r0, k8, s + r0, p);
+            else
+#endif
+            rows_dots8(1, hd, q + r0, k8, s + r0, p);
+        }
+    }
+    for (int r = first; r < last; r++) { /* attend.h's softmax step, row by row */
+        if (nr[r] <= 0) continue;
+        float max = m[r];
+        for (int p = 0; p < nr[r]; p++) {
+            s[r][p] *= scale;
+            if (s[r][p] > max) max = s[r][p];
+        }
+        const float rescale = expf(m[r] - max);
+        if (rescale != 1.0f) {
+            l[r] *= rescale;
+            for (int d = 0; d < hd; d++) acc[r][d] *= rescale;
+        }
+        float sum = 0.0f;
+        for (int p = 0; p < nr[r]; p++) s[r][p] -= max;
+#ifdef HS_EXPS
+        exps(s[r], nr[r]);
+        for (int p = 0; p < nr[r]; p++) sum += s[r][p];
+#else
+        for (int p = 0; p < nr[r]; p++) {
+            s[r][p] = expf(s[r][p]);
+            sum += s[r][p];
+        }
+#endif
+        l[r] += sum;
+        m[r] = max;
+    }
+    const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
+    for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
+        const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;
+        int common = n;
+        for (int r = r0; r < r0 + R; r++) common = nr[r] < common ? nr[r] : common;
+        if (common < 0) common = 0;
+        if (R == AXPY_ROWS)
+            rows_axpys(AXPY_ROWS, hd, v, 0, common, w + r0, acc + r0);
+        else
+            for (int r = r0; r < r0 + R; r++) rows_axpys(1, hd, v, 0, common, w + r, acc + r);
+        for (int r = r0; r < r0 + R; r++)
+            if (nr[r] > common) rows_axpys(1, hd, v, common, nr[r], w + r, acc + r);
+    }
+}
+
+/* attend_f16 (kernels.h) of hd a multiple of 32 up to HS_ATTN_HD on rows_span, attend.h's loops
+ * otherwise: the same bits either way. */
+static void attend_f16_rows(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
+                            const hs_fp16 *const *v, int count, float *m, float *l, float *acc) {
+    if (hd % 32 || hd > HS_ATTN_HD) {
+        attend_f16(hd, ng, scale, q, k, v, count, m, l, acc);
+        return;
+    }
+    _Alignas(32) float s[HS_ATTN_GROUP][HS_ATTN_SPAN];
+    const float *qs[HS_ATTN_GROUP];
+    float *as[HS_ATTN_GROUP];
+    int nr[HS_ATTN_GROUP];
+    for (int g = 0; g < ng; g++) qs[g] = q + (size_t)g * hd, as[g] = acc + (size_t)g * hd;
+    for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
+        const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
+        for (int g = 0; g < ng; g++) nr[g] = n;
+        rows_span(hd, 0, ng, nr, scale, qs, k + p0, v + p0, n, m, l, as, s);
+    }
+}
+
+static inline size_t rows_bytes(int hd, int count) {
+    return (size_t)count * 2 * (size_t)hd * sizeof(hs_fp16);
+}
+
+/* Position p's K row at buf + 2 hd p, its V row after it. */
+static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
+                             int count, void *buf) {
+    hs_fp16 *b = buf;
+    for (int p = from; p < count; p++) {
+        memcpy(b + (size_t)p * 2 * hd, k[p], sizeof(hs_fp16) * (size_t)hd);
+        memcpy(b + ((size_t)p * 2 + 1) * hd, v[p], sizeof(hs_fp16) * (size_t)hd);
+    }
+}
+
+/* attend_rows (kernels.h): row r attends the first lim[r] packed positions. */
 static inline void rows_attend(int hd, int nq, float scale, const float *const *q, const int *lim,
                                const void *buf, int count, float *m, float *l, float *const *acc) {
-    const hs_fp16 *kv = buf;
+    const hs_fp16 *kv = buf, *k[HS_ATTN_SPAN], *v[HS_ATTN_SPAN];
     _Alignas(32) float s[HS_ATTN_ROWS][HS_ATTN_SPAN];
     for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
         const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
@@ -288,62 +374,17 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
             if (nr[r] > 0) last = r + 1;
         }
         if (first >= last) break; /* lim[r] <= count: no later span has any */
-        for (int r0 = first; r0 < last; r0 += ROWS_TILE) {
-            const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
-            int most = 0;
-            for (int r = r0; r < r0 + R; r++) most = nr[r] > most ? nr[r] : most;
-            for (int p = 0; p < most; p += 8) {
-#if ROWS_TILE == 3
-                if (R == 3) rows_dots8(3, hd, q + r0, kv, p0 + p, s + r0, p);
-                else if (R == 2) rows_dots8(2, hd, q + r0, kv, p0 + p, s + r0, p);
-                else
-#endif
-                rows_dots8(1, hd, q + r0, kv, p0 + p, s + r0, p);
-            }
+        for (int p = 0; p < n; p++) {
+            k[p] = kv + (size_t)(p0 + p) * 2 * hd;
+            v[p] = k[p] + hd;
         }
-        for (int r = first; r < last; r++) { /* attend_f16's softmax step, ng = 1 */
-            if (nr[r] <= 0) continue;
-            float max = m[r];
-            for (int p = 0; p < nr[r]; p++) {
-                s[r][p] *= scale;
-                if (s[r][p] > max) max = s[r][p];
-            }
-            const float rescale = expf(m[r] - max);
-            if (rescale != 1.0f) {
-                l[r] *= rescale;
-                for (int d = 0; d < hd; d++) acc[r][d] *= rescale;
-            }
-            float sum = 0.0f;
-            for (int p = 0; p < nr[r]; p++) s[r][p] -= max;
-#ifdef HS_EXPS
-            exps(s[r], nr[r]);
-            for (int p = 0; p < nr[r]; p++) sum += s[r][p];
-#else
-            for (int p = 0; p < nr[r]; p++) {
-                s[r][p] = expf(s[r][p]);
-                sum += s[r][p];
-            }
-#endif
-            l[r] += sum;
-            m[r] = max;
-        }
-        for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
-            const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;
-            int common = n;
-            for (int r = r0; r < r0 + R; r++) common = nr[r] < common ? nr[r] : common;
-            if (common < 0) common = 0;
-            if (R == AXPY_ROWS) rows_axpys(AXPY_ROWS, hd, kv, p0, 0, common, (const float (*)[HS_ATTN_SPAN])s + r0, acc + r0);
-            else
-                for (int r = r0; r < r0 + R; r++) rows_axpys(1, hd, kv, p0, 0, common, (const float (*)[HS_ATTN_SPAN])s + r, acc + r);
-            for (int r = r0; r < r0 + R; r++)
-                if (nr[r] > common) rows_axpys(1, hd, kv, p0, common, nr[r], (const float (*)[HS_ATTN_SPAN])s + r, acc + r);
-        }
+        rows_span(hd, first, last, nr, scale, q, k, v, n, m, l, acc, s);
     }
 }
 
 /* Table entries of a variant that takes them (HS_ATTN_ROWS_EXACT: attend_f16's bits). */
 #define HS_ROWS_KERNELS                                                                          \
     .attend_bytes = rows_bytes, .attend_pack = rows_pack, .attend_rows = rows_attend,            \
-    .attend_rows_exact = 1
+    .attend_exact = HS_EXACT_F16 | HS_EXACT_ROWS
 
 #endif

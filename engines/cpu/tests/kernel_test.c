@@ -92,26 +92,65 @@ static void test_attend(const hs_kernels *k, const hs_kernels *ref, unsigned *se
     check(ok, "attend_f16", k->name);
 }
 
-/* attend_rows of a variant that promises attend_f16's bits (attend_rows_exact) against its own
- * attend_f16, one row at a time, every bit of m, l and acc: head widths 32 to 128, 1 to 16 rows
- * whose limits fall anywhere in 1..count (inside and across the 64-position spans, rows that stop
- * spans early, limits out of row order), contexts of 1 to 256 positions packed in two steps, the
- * accumulators continued from an earlier span's running state, scores close and far apart. */
-static void test_attend_rows_exact(const hs_kernels *k, unsigned *seed) {
+/* The arithmetic attend_f16 is held to (attend.h's loops; the exact KV hand-off's prefill
+ * engine repeats it), one query row, stated in scalar C: per 64-position span, each score an
+ * 8-lane fused dot over the head reduced as ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)), scaled;
+ * the running max, the old state rescaled by expf(m - max), the weights expf(s - max) summed in
+ * position order; acc += w * v fused, position by position. hd a multiple of 8. */
+static void exact_attend(int hd, float scale, const float *q, const hs_fp16 *const *k,
+                         const hs_fp16 *const *v, int count, float *m, float *l, float *acc) {
+    for (int p0 = 0; p0 < count; p0 += 64) {
+        const int n = count - p0 < 64 ? count - p0 : 64;
+        float s[64], max = *m, sum = 0.0f;
+        for (int p = 0; p < n; p++) {
+            float a[8] = {0};
+            for (int j = 0; j < hd; j += 8)
+                for (int t = 0; t < 8; t++)
+                    a[t] = fmaf(hs_fp16_to_fp32(k[p0 + p][j + t]), q[j + t], a[t]);
+            s[p] = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+            s[p] *= scale;
+            if (s[p] > max) max = s[p];
+        }
+        const float rescale = expf(*m - max);
+        if (rescale != 1.0f) {
+            *l *= rescale;
+            for (int d = 0; d < hd; d++) acc[d] *= rescale;
+        }
+        for (int p = 0; p < n; p++) {
+            s[p] = expf(s[p] - max);
+            sum += s[p];
+        }
+        *l += sum;
+        *m = max;
+        for (int p = 0; p < n; p++)
+            for (int d = 0; d < hd; d++) acc[d] = fmaf(s[p], hs_fp16_to_fp32(v[p0 + p][d]), acc[d]);
+    }
+}
+
+/* A variant that promises attend.h's bits (attend_exact): its attend_f16 (1 to 8 heads)
+ * and/or attend_rows (1 to 16 rows whose limits fall anywhere in 1..count: inside and across the
+ * 64-position spans, rows that stop spans early, limits out of row order; packed in two steps)
+ * against exact_attend, every bit of m, l and acc: head widths 32 to 128, contexts of 1 to 256
+ * positions, the state carried in from an earlier span or fresh, scores close and far apart. */
+static void test_attend_exact(const hs_kernels *k, unsigned *seed) {
     enum { HD = 128, COUNT = 256, R = HS_ATTN_ROWS };
     static hs_fp16 kv[2][COUNT][HD];
     static float q[R][HD], acc[R][HD], want[R][HD];
     const hs_fp16 *kp[COUNT], *vp[COUNT];
     random_kv(&kv[0][0][0], &kv[1][0][0], COUNT, HD, kp, vp, seed);
-    const int widths[3] = {32, 64, 128}, rows[4] = {1, 3, 15, R}, counts[5] = {1, 8, 63, 150, COUNT};
+    const int widths[3] = {32, 64, 128}, rows[5] = {1, 3, 8, 15, R}, counts[5] = {1, 8, 63, 150, COUNT};
     const float scales[2] = {0.125f, 8.0f};
-    int ok = 1;
+    int ok_f16 = 1, ok_rows = 1;
     for (int si = 0; si < 2; si++)
     for (int wi = 0; wi < 3; wi++)
-    for (int ri = 0; ri < 4; ri++)
+    for (int ri = 0; ri < 5; ri++)
     for (int ci = 0; ci < 5; ci++)
-    for (int carry = 0; carry < 2; carry++) {
+    for (int carry = 0; carry < 2; carry++)
+    for (int rows_call = 0; rows_call < 2; rows_call++) {
         const int hd = widths[wi], nq = rows[ri], count = counts[ci];
+        if (rows_call ? !(k->attend_exact & HS_EXACT_ROWS)
+                      : !(k->attend_exact & HS_EXACT_F16) || nq > HS_ATTN_GROUP)
+            continue;
         const float *qs[R];
         float *as[R], m[R], l[R], m2[R], l2[R];
         int lim[R];
@@ -123,21 +162,37 @@ static void test_attend_rows_exact(const hs_kernels *k, unsigned *seed) {
             qs[r] = q[r], as[r] = acc[r];
             m[r] = m2[r] = carry ? 2.0f * frand(seed) : -INFINITY;
             l[r] = l2[r] = carry ? 1.5f + frand(seed) : 0.0f;
-            lim[r] = r == nq / 2 ? count : 1 + (int)((frand(seed) + 1.0f) * 0.5f * (float)(count - 1));
+            lim[r] = !rows_call || r == nq / 2 ? count
+                   : 1 + (int)((frand(seed) + 1.0f) * 0.5f * (float)(count - 1));
         }
-        void *buf = aligned_alloc(64, (k->attend_bytes(hd, count) + 63) / 64 * 64);
-        memset(buf, 0xff, (k->attend_bytes(hd, count) + 63) / 64 * 64); /* NaN fp16: unpacked */
-        k->attend_pack(hd, kp, vp, 0, count > 40 ? 40 : count, buf);
-        if (count > 40) k->attend_pack(hd, kp, vp, 40, count, buf);
-        k->attend_rows(hd, nq, scales[si], qs, lim, buf, count, m, l, as);
-        free(buf);
+        if (rows_call) {
+            const size_t bytes = (k->attend_bytes(hd, count) + 63) / 64 * 64;
+            void *buf = aligned_alloc(64, bytes);
+            memset(buf, 0xff, bytes); /* NaN fp16 wherever the packing leaves a hole */
+            k->attend_pack(hd, kp, vp, 0, count > 40 ? 40 : count, buf);
+            if (count > 40) k->attend_pack(hd, kp, vp, 40, count, buf);
+            k->attend_rows(hd, nq, scales[si], qs, lim, buf, count, m, l, as);
+            free(buf);
+        } else { /* attend_f16's rows are hd floats apart */
+            static float qg[HS_ATTN_GROUP * HD], ag[HS_ATTN_GROUP * HD];
+            for (int r = 0; r < nq; r++) {
+                memcpy(qg + r * hd, q[r], sizeof(float) * (size_t)hd);
+                memcpy(ag + r * hd, acc[r], sizeof(float) * (size_t)hd);
+            }
+            k->attend_f16(hd, nq, scales[si], qg, kp, vp, count, m, l, ag);
+            for (int r = 0; r < nq; r++) memcpy(acc[r], ag + r * hd, sizeof(float) * (size_t)hd);
+        }
+        int ok = 1;
         for (int r = 0; r < nq; r++) {
-            k->attend_f16(hd, 1, scales[si], q[r], kp, vp, lim[r], &m2[r], &l2[r], want[r]);
+            exact_attend(hd, scales[si], q[r], kp, vp, lim[r], &m2[r], &l2[r], want[r]);
             ok &= memcmp(&m[r], &m2[r], sizeof(float)) == 0 && memcmp(&l[r], &l2[r], sizeof(float)) == 0;
             ok &= memcmp(acc[r], want[r], sizeof(float) * (size_t)hd) == 0;
         }
+        if (rows_call) ok_rows &= ok;
+        else ok_f16 &= ok;
     }
-    check(ok, "attend_rows: attend_f16's bits", k->name);
+    if (k->attend_exact & HS_EXACT_F16) check(ok_f16, "attend_f16: attend.h's bits", k->name);
+    if (k->attend_exact & HS_EXACT_ROWS) check(ok_rows, "attend_rows: attend.h's bits", k->name);
 }
 
 /* attend_pack + attend_rows against the reference's attend_f16, row by row: head widths of 64
@@ -335,7 +390,7 @@ int main(void) {
             test_attend(k, ref, &seed);
             if (k->wide) test_wide(k, three, &seed);
             if (k->attend_rows) test_attend_rows(k, ref, &seed);
-            if (k->attend_rows_exact) test_attend_rows_exact(k, &seed);
+            if (k->attend_exact) test_attend_exact(k, &seed);
             if (k->swiglu) { /* against the scalar formula: gates from -40 to 40, a tail of 7 */
                 enum { SN = 1031 };
                 float g[SN], u[SN], want[SN], worst = 0;
