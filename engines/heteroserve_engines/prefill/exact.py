@@ -23,10 +23,10 @@ sits in the step, so no prefill can match them in general):
   four blocks, then `_mm512_reduce_add_ps`'s tree (GCC's), q4_1's minimum terms in their own
   four lanes; RMSNorm's sum of squares as dot_f32 (8 FMA lanes, then hsum_ps's tree); attention
   as attend_f16 (8-lane FMA dots of each fp16 K row, online softmax per 64 positions, each
-  weight times the fp16 V row fused into the accumulator; a prefill chunk's consecutive tokens
-  go through x86_common.h's attend_rows, which gives each row attend_f16's bits), spans of 256
-  positions combined as attn_combine does; every other operation as model.c writes it, one float32 rounding each
-  (model.c is built without FMA);
+  weight times the fp16 V row fused into the accumulator; x86_common.h's rows_span computes
+  it many rows at a time, for decode and for a prefill chunk's blocks, at the same bits), spans
+  of 256 positions combined as attn_combine does; every other operation as model.c writes it,
+  one float32 rounding each (model.c is built without FMA);
 - a fused multiply-add rounds once: emulated in float64 (the product is exact there) with the
   sum rounded to odd, which the final rounding to float32 then makes exact (Boldo & Melquiond);
 - glibc's expf is repeated in float64 (its own algorithm and table); powf, cosf and sinf (the
