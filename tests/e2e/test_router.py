@@ -43,8 +43,9 @@ def cpu_engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def accel_engine(tmp_path_factory):
-    """The accelerator tier's stand-in: one running slot, so a second request waits."""
-    engine = start_engine(tmp_path_factory.mktemp("accel"), "--max-model-len", "512",
+    """The accelerator tier's stand-in: one running slot, so a second request waits (a context
+    long enough for _hold's streams)."""
+    engine = start_engine(tmp_path_factory.mktemp("accel"), "--max-model-len", "4096",
                           "--max-running", "1", env=ONE_CORE[0])
     yield engine
     stop_engine(engine)
@@ -140,8 +141,11 @@ def test_models_and_errors_in_openai_shape(cpu_engine, router_factory):
 # -- auto: offload under load, and back ------------------------------------------------------------
 
 def _hold(url: str, stop: threading.Event, started: threading.Event) -> None:
-    """A long stream straight to the engine, held open until `stop`."""
-    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400,
+    """A long stream straight to the engine, held open until `stop`: 4000 tokens, which no
+    engine here decodes before the test is done with it. 400, about 3 s on one core, once ended
+    on its own in CI before the three requests were through, and the accelerator's queue with
+    it. Returning closes the stream; the engine aborts the request on the disconnect."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4000,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         for _ in response.iter_lines():
