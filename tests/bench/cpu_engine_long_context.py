@@ -1,7 +1,7 @@
 """Batch-1 decode deep into a context, CPU engine vs llama.cpp's llama-bench (a script, not a test).
 
     .venv/bin/python -m tests.bench.cpu_engine_long_context --llama-bin DIR [--threads N]
-        [--depths 512,2048] [--pairs 3] [--model PATH ...]
+        [--depths 512,2048] [--pairs 3] [--model PATH ...] [--baseline REV]
 
 The main benchmark (cpu_engine_vs_llamacpp) decodes from the first positions of each sequence;
 here one sequence is first filled to each depth, then 16 tokens are decoded and timed (tok/s). The
@@ -10,7 +10,9 @@ prefill, as heteroserve does here in chunks of 256, then times the decode). The 
 cpu_engine_vs_llamacpp apply: one process per sample, the engines alternating A B A B ...
 (llama.cpp first), medians over `--pairs` pairs with the per-pair ratio range beside each ratio,
 the same huge-page policy for both. Default models: SmolLM2-135M q4_0 and the synthetic 1.1B q4_0
-of the main benchmark.
+of the main benchmark. With `--baseline REV` the CPU engine of revision REV
+(tests/bench/baseline.py) runs too, third in each round, and a row gives the working tree's rate
+over REV's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import statistics
 import sys
 import time
 
+from tests.bench import baseline
 from tests.bench.cpu_engine_vs_llamacpp import (
     bench_env,
     build_description,
@@ -55,6 +58,7 @@ def rates(run, vocab: int, depths: list[int]) -> dict[int, float]:
 
 
 def worker(model_path: str, threads: int, depths: list[int]) -> dict[int, float]:
+    baseline.use()
     _model, _pool, config, run = open_heteroserve(model_path, threads, max(depths) + STEPS + 16, 1)
     return rates(run, config.n_vocab, depths)
 
@@ -82,6 +86,8 @@ def main() -> int:
     parser.add_argument("--model", action="append", help="GGUF file (repeatable)")
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--llama-bin", help="folder of llama.cpp's llama-bench (the peer)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the CPU engine of this git revision (before/after)")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
@@ -91,15 +97,20 @@ def main() -> int:
     if not args.llama_bin:
         parser.error("--llama-bin is required (llama.cpp's llama-bench is the peer)")
     env, policy = bench_env()
+    engines = {"heteroserve": None}
+    if args.baseline:
+        short, folder = baseline.build(args.baseline)
+        engines[f"heteroserve {short}"] = folder
     models = args.model or [str(quantized_smollm2("q4_0")), str(synthetic("1.1b", "q4_0"))]
     rows = []
     for path in models:
-        samples: dict[str, list[dict[int, float]]] = {"llama.cpp": [], "heteroserve": []}
+        samples: dict[str, list[dict[int, float]]] = {"llama.cpp": []}
         for _ in range(args.pairs):
             samples["llama.cpp"].append(llama_bench(args.llama_bin, path, args.threads, depths,
                                                     env))
-            samples["heteroserve"].append(heteroserve_sample(path, args.threads, args.depths,
-                                                             env))
+            for engine, folder in engines.items():
+                samples.setdefault(engine, []).append(heteroserve_sample(
+                    path, args.threads, args.depths, baseline.env_for(env, folder)))
         rows.append((os.path.basename(path), samples))
     print("\n" + header(args.threads, args.pairs, policy, build_description(args.llama_bin),
                         f"; batch-1 decode tok/s after filling the context to each depth, "
@@ -107,12 +118,19 @@ def main() -> int:
     print("| model | engine | " + " | ".join(f"depth {d}" for d in depths) + " |")
     print("|---|---|" + "---|" * len(depths))
     for name, samples in rows:
-        for engine in ("llama.cpp", "heteroserve"):
+        for engine in samples:
             print(f"| {name} | {engine} | " + " | ".join(
                 f"{statistics.median(s[d] for s in samples[engine]):.1f}" for d in depths) + " |")
-        print(f"| {name} | heteroserve / llama.cpp (pair range) | " + " | ".join(
-            ratio_cell([s[d] for s in samples["heteroserve"]],
-                       [s[d] for s in samples["llama.cpp"]]) for d in depths) + " |")
+        for engine in samples:
+            if engine == "llama.cpp":
+                continue
+            print(f"| {name} | {engine} / llama.cpp (pair range) | " + " | ".join(
+                ratio_cell([s[d] for s in samples[engine]],
+                           [s[d] for s in samples["llama.cpp"]]) for d in depths) + " |")
+        for engine in list(samples)[2:]:
+            print(f"| {name} | heteroserve / {engine} (pair range) | " + " | ".join(
+                ratio_cell([s[d] for s in samples["heteroserve"]],
+                           [s[d] for s in samples[engine]]) for d in depths) + " |")
     return 0
 
 

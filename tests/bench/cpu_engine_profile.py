@@ -5,6 +5,7 @@ step rate, for each configuration side by side.
 
     .venv/bin/python -m tests.bench.cpu_engine_profile --model SPEC [--threads N]
         [--configs amx,avx512vnni] [--prompts 256,2048] [--batches 1,8,16] [--tokenizer JSON]
+        [--baseline REV] [--repeats N]
 
 SPEC as in cpu_engine_vs_llamacpp (`smollm2:q4_0`, `1.1b:q4_0`, `8b:q8_0`, ...). A configuration
 is a kernel variant, optionally with `@N` (HETEROSERVE_WIDE_MIN=N: activation rows from which the
@@ -14,6 +15,11 @@ warm-up, then the prompt in one call (the engine runs it in sub-steps of 128 tok
 `--steps` steps of each batch, each sequence 32 positions in. Figures: milliseconds per call
 (prefill) or per step (decode) for each phase, "other" being the step minus its phases (Python,
 sampling, the call itself).
+
+Before/after: `--baseline REV` runs every configuration also on the CPU engine of revision REV
+(tests/bench/baseline.py builds it once into ~/.cache/heteroserve/baseline), the two builds in
+alternating processes (working tree, REV, working tree, ...) `--repeats` times; the table gives
+each phase's median over the repeats, the row labelled with the build.
 """
 
 from __future__ import annotations
@@ -21,15 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from array import array
 
+from tests.bench import baseline
 from tests.bench.cpu_engine_vs_llamacpp import model_path, prompt_tokens
 
 
 def worker(path: str, threads: int, prompts: list[int], batches: list[int], steps: int) -> dict:
+    baseline.use()
     import heteroserve_cpu as hc
 
     from heteroserve_engines.cpu_engine.gguf_model import load_model
@@ -74,6 +83,18 @@ def worker(path: str, threads: int, prompts: list[int], batches: list[int], step
     return {"variant": hc.selected_variant(), "rows": rows}
 
 
+def median_rows(samples: list[dict]) -> dict:
+    """One result whose every wall time and phase is the median over `samples` (same rows)."""
+    rows = []
+    for i, row in enumerate(samples[0]["rows"]):
+        each = [s["rows"][i] for s in samples]
+        rows.append({"label": row["label"], "tokens": row["tokens"],
+                     "wall": statistics.median(r["wall"] for r in each),
+                     "phases": {p: statistics.median(r["phases"][p] for r in each)
+                                for p in row["phases"]}})
+    return {"variant": samples[0]["variant"], "rows": rows}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -84,6 +105,10 @@ def main() -> int:
     parser.add_argument("--batches", default="1,8,16")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--tokenizer")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also run the CPU engine of this git revision, alternating")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="processes per configuration and build (medians over them)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     prompts = [int(p) for p in args.prompts.split(",") if p]
@@ -93,20 +118,31 @@ def main() -> int:
         return 0
     name, path = model_path(args.model, args.tokenizer)
     print(f"## {name}: per-phase time, {args.threads} threads, 4 KiB pages\n")
-    results = {}
-    for config in args.configs.split(","):
-        variant, _, wide_min = config.partition("@")
-        env = dict(os.environ, HETEROSERVE_KERNELS=variant, HETEROSERVE_HUGEPAGES="0")
-        if wide_min:
-            env["HETEROSERVE_WIDE_MIN"] = wide_min
-        out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile", "--worker",
-                              "--model", str(path), "--threads", str(args.threads), "--prompts",
-                              args.prompts, "--batches", args.batches, "--steps",
-                              str(args.steps)], env=env, check=True, capture_output=True,
-                             text=True).stdout
-        results[config] = json.loads(out.strip().splitlines()[-1])
-        if results[config]["variant"] != variant:
-            print(f"note: {config} ran as {results[config]['variant']}")
+    builds: list[tuple[str, object]] = [("", None)]
+    if args.baseline:
+        short, folder = baseline.build(args.baseline)
+        builds = [("working tree", None), (short, folder)]
+    runs: dict[str, list[dict]] = {}
+    for _ in range(max(1, args.repeats)):
+        for label, folder in builds:
+            for config in args.configs.split(","):
+                variant, _, wide_min = config.partition("@")
+                env = baseline.env_for(dict(os.environ, HETEROSERVE_KERNELS=variant,
+                                            HETEROSERVE_HUGEPAGES="0"), folder)
+                if wide_min:
+                    env["HETEROSERVE_WIDE_MIN"] = wide_min
+                out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile",
+                                      "--worker", "--model", str(path), "--threads",
+                                      str(args.threads), "--prompts", args.prompts, "--batches",
+                                      args.batches, "--steps", str(args.steps)], env=env,
+                                     check=True, capture_output=True, text=True).stdout
+                result = json.loads(out.strip().splitlines()[-1])
+                if result["variant"] != variant:
+                    print(f"note: {config} ran as {result['variant']}")
+                runs.setdefault(f"{config} {label}".strip(), []).append(result)
+    results = {key: median_rows(samples) for key, samples in runs.items()}
+    if args.baseline or args.repeats > 1:
+        print(f"medians of {max(1, args.repeats)} processes per row\n")
     labels = [row["label"] for row in next(iter(results.values()))["rows"]]
     phases = list(next(iter(results.values()))["rows"][0]["phases"])
     for i, label in enumerate(labels):

@@ -114,7 +114,10 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", [Q4_0, Q4_1, Q8_0, F16, F32])
-@pytest.mark.parametrize("cols", [32 * 5, 32 * 8])  # a partial group of four blocks, whole ones
+# groups of 16 blocks: a partial one alone, a whole one, and a whole one or two before a
+# partial one of 2, 12 and 5 blocks (the kernels' three ways of reading a partial group: of
+# up to 4 blocks, of up to 8, of more)
+@pytest.mark.parametrize("cols", [32 * 3, 32 * 16, 32 * 18, 32 * 28, 32 * 37])
 def test_products_equal_the_kernels(kind, cols, fma):
     rng = np.random.default_rng(kind + cols)
     raw, info = raw_tensor(kind, 37, cols, rng)

@@ -1,5 +1,5 @@
 /* AVX-512 VNNI + AMX (Sapphire Rapids and later): the avx512vnni variant - same packed weights
- * and activations, same 4x4 register tiles for one to a few activation rows - with the products
+ * and activations, same 4x2 register tiles for one to a few activation rows - with the products
  * of more activation rows on the tile unit, two ways (model.c picks by the number of rows):
  *
  * int8 (wide8_*, from 16 rows): one tdpbusd multiplies 16 weight rows by 16 activation rows over
@@ -96,13 +96,11 @@ static void gather_blocks(int kind, int nb, const char *a, size_t astride, amx_b
         const char *base = a + (size_t)g * sizeof(act_group);
         amx_block *o = out + b;
         for (int k = 0; k < 4; k++) {
-            _mm512_store_si512(o->lo[k], _mm512_i32gather_epi32(rows, base + offsetof(act_group, lo) + 16 * j + 4 * k, 1));
-            _mm512_store_si512(o->hi[k], _mm512_i32gather_epi32(rows, base + offsetof(act_group, hi) + 16 * j + 4 * k, 1));
+            _mm512_store_si512(o->lo[k], _mm512_i32gather_epi32(rows, base + offsetof(act_group, lo) + 64 * k + 4 * j, 1));
+            _mm512_store_si512(o->hi[k], _mm512_i32gather_epi32(rows, base + offsetof(act_group, hi) + 64 * k + 4 * j, 1));
         }
-        _mm512_store_ps(o->d, _mm512_i32gather_ps(rows, base + offsetof(act_group, d) + 16 * j, 1));
-        __m512i off = _mm512_setzero_si512();
-        for (int l = 0; l < 4; l++) /* off4 holds -8 x each lane's sum; a block has four lanes */
-            off = _mm512_add_epi32(off, _mm512_i32gather_epi32(rows, base + offsetof(act_group, off4) + 4 * (4 * j + l), 1));
+        _mm512_store_ps(o->d, _mm512_i32gather_ps(rows, base + offsetof(act_group, d) + 4 * j, 1));
+        __m512i off = _mm512_i32gather_epi32(rows, base + offsetof(act_group, off4) + 4 * j, 1);
         if (kind == Q8_0) off = _mm512_slli_epi32(off, 4);
         _mm512_store_si512(o->off, kind == Q4_1 ? _mm512_setzero_si512() : off);
         const char *sums = (const char *)act_sums((const act_group *)a, ng, g) + 4 * j;
@@ -117,32 +115,31 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
     /* qword order [row0 lo, row0 hi, row1 lo, row1 hi] from 4 rows' lo and hi halves */
     const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    const int g = b / GROUP, j = b % GROUP, t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
     for (int r = 0; r < AMX_M; r += 4) {
         const uint8_t *q[4];
         for (int i = 0; i < 4; i++) /* rows past the end repeat the first: computed, dropped */
             q[i] = w + (size_t)(r + i < rows ? r + i : 0) * wstride;
-        if (WIDE8_AHEAD && j == 0) /* a group's quants: 64 bytes (q4) or 128 (q8) a row */
+        if (WIDE8_AHEAD && b % 4 == 0) /* four blocks' quants: 64 bytes (q4) or 128 (q8) a row */
             for (int i = 0; i < 4; i++) {
-                const char *p = (const char *)q[i] + (size_t)g * GROUP * (kind == Q8_0 ? 32 : 16)
-                              + WIDE8_AHEAD;
+                const char *p = (const char *)q[i] + (size_t)b * qbytes + WIDE8_AHEAD;
                 _mm_prefetch(p, PF_HINT);
                 if (kind == Q8_0) _mm_prefetch(p + 64, PF_HINT);
             }
+        size_t stride, half;
+        const size_t at = (size_t)(block_piece(q[0], qbytes, nb, b, &stride, &half) - q[0]);
         __m512i lo, hi;
-        if (kind == Q8_0) { /* packed halves, already unsigned */
-            const size_t at = (size_t)g * GROUP * 32 + (size_t)j * 16, at_hi = at + (size_t)t * 16;
-            lo = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q[0] + at)));
-            hi = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q[0] + at_hi)));
+        if (kind == Q8_0) { /* elements 0..15, then 16..31, already unsigned */
+            lo = _mm512_castsi128_si512(block_pieces(q[0] + at, stride));
+            hi = _mm512_castsi128_si512(block_pieces(q[0] + at + half, stride));
             for (int i = 1; i < 4; i++) {
-                lo = _mm512_inserti32x4(lo, _mm_loadu_si128((const __m128i *)(q[i] + at)), i);
-                hi = _mm512_inserti32x4(hi, _mm_loadu_si128((const __m128i *)(q[i] + at_hi)), i);
+                lo = _mm512_inserti32x4(lo, block_pieces(q[i] + at, stride), i);
+                hi = _mm512_inserti32x4(hi, block_pieces(q[i] + at + half, stride), i);
             }
         } else {
-            const size_t at = (size_t)b * 16;
-            __m512i raw = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(q[0] + at)));
+            __m512i raw = _mm512_castsi128_si512(block_pieces(q[0] + at, stride));
             for (int i = 1; i < 4; i++)
-                raw = _mm512_inserti32x4(raw, _mm_loadu_si128((const __m128i *)(q[i] + at)), i);
+                raw = _mm512_inserti32x4(raw, block_pieces(q[i] + at, stride), i);
             lo = _mm512_and_si512(raw, low4);
             hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
         }
@@ -347,15 +344,15 @@ static inline void dequant_block(int kind, int nb, const uint8_t *row, int b, __
     const __m128i low4 = _mm_set1_epi8(0x0f);
     __m128i ql, qh;
     float d, bias;
-    if (kind == Q8_0) { /* packed halves of a group of four blocks, stored as x + 128 */
-        const int g = b / GROUP, j = b % GROUP, t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
-        const uint8_t *q = row + (size_t)g * GROUP * 32 + (size_t)j * 16;
-        ql = _mm_loadu_si128((const __m128i *)q);
-        qh = _mm_loadu_si128((const __m128i *)(q + (size_t)t * 16));
+    size_t stride, half;
+    const uint8_t *p = block_piece(row, kind == Q8_0 ? 32 : 16, nb, b, &stride, &half);
+    if (kind == Q8_0) { /* elements 0..15, then 16..31, stored as x + 128 */
+        ql = block_pieces(p, stride);
+        qh = block_pieces(p + half, stride);
         d = _cvtsh_ss(((const hs_fp16 *)(row + (size_t)nb * 32))[b]);
         bias = -128.0f * d;
     } else {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(row + (size_t)b * 16));
+        const __m128i raw = block_pieces(p, stride);
         ql = _mm_and_si128(raw, low4);
         qh = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
         const hs_fp16 *s = (const hs_fp16 *)(row + (size_t)nb * 16);

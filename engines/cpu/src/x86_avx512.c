@@ -1,111 +1,151 @@
-/* AVX-512 VNNI variant (F, BW, VL, VNNI): a packed weight layout read 128 values at a time.
+/* AVX-512 VNNI variant (F, BW, VL, VNNI): a packed weight layout in which each int32 lane of a
+ * vpdpbusd sums one block.
  *
- * Weights (converted once at load, same bytes per row as GGUF):
- *   q4_0 / q4_1  all blocks' nibbles (16 bytes each, GGUF nibble order), then the fp16 scales
- *                (then q4_1's fp16 minimums). 64 bytes = four blocks: the low nibbles are their
- *                elements 0..15, the high nibbles 16..31.
- *   q8_0         per group of four blocks: elements 0..15 of each block, then 16..31 of each,
- *                stored unsigned (x + 128) for vpdpbusd; then the fp16 scales.
- * Activations (quantize_packed): per group of four blocks an hs_act_group, so that int32 lane k
- * of a vpdpbusd over (lo, hi) only sums products of block k / 4 and one float multiply applies
- * both scales. Unsigned weights are corrected by starting the int32 sums at -8 (q4_0) or -128
- * (q8_0) times the activations feeding each lane; q4_1's minimum adds m * d * sum(block).
- * A partial last group is read with masked loads against zero-padded activations. */
+ * Weights (converted once at load, same bytes per row as GGUF), in groups of 16 blocks (fewer
+ * in a partial last group of t blocks: everything below with 16 read as t):
+ *   q4_0 / q4_1  four chunks of 64 bytes, chunk k holding bytes 4k..4k+3 of each block's 16
+ *                nibble bytes (GGUF order: byte e is element e low, e + 16 high) block after
+ *                block; then all blocks' fp16 scales (then q4_1's fp16 minimums).
+ *   q8_0         eight chunks of 64 bytes, holding elements 4k..4k+3 and 16 + 4k..16 + 4k + 3
+ *                of each block in the order k = 0 low, 0 high, 1 low, ... (a group of up to 4
+ *                blocks: all four low chunks, then the high ones), stored unsigned (x + 128)
+ *                for vpdpbusd; then the fp16 scales.
+ * Activations (quantize_packed): per group of 16 blocks an act_group whose chunk k, lane j holds
+ * the four activations that meet lane j of weight chunk k (lo: elements 4k..4k+3 of block j,
+ * hi: 16 + 4k..), so that after eight vpdpbusd lane j is block j's integer product and one
+ * convert, one multiply and one FMA scale the 16 blocks. Unsigned weights are corrected by
+ * starting the sums at -8 (q4_0) or -128 (q8_0) times the block's activation sum; q4_1's
+ * minimum adds m * d * sum(block). A partial last group is read with masked loads against
+ * zero-padded activations. */
 #include <math.h>
 #include <string.h>
 
 #include "x86_common.h"
 
-#define GROUP 4
+#define GROUP 16
 #define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
 #define PREFETCH 8192        /* bytes ahead of what a weight row's product reads: its quants and,
-                              * a line every eight groups, its scales (without those, a ninth of
+                              * a line every two groups, its scales (without those, a ninth of
                               * a q4_0 row's lines came in on demand) */
 
-/* An activation row: ng groups (what every product reads), then each group's q8_0 offsets
- * (int32[16]) and q4_1 block sums (float[4]), kept apart so that they cost the q4_0 products no
- * cache space. */
+/* An activation row: ng groups (what every product reads), then each group's q4_1 block sums
+ * (float[16]), kept apart so that they cost the other products no cache space. */
 typedef struct {
-    int8_t lo[64];     /* elements 0..15 of the group's blocks, block after block */
-    int8_t hi[64];     /* elements 16..31 */
-    float d[16];       /* scale of block k / 4 in lane k */
-    int32_t off4[16];  /* -8 x the sum of the eight activations lane k multiplies */
+    int8_t lo[4][64];  /* chunk k, lane j: elements 4k..4k+3 of block j */
+    int8_t hi[4][64];  /* elements 16 + 4k..16 + 4k + 3 */
+    float d[16];       /* block j's scale in lane j */
+    int32_t off4[16];  /* -8 x block j's sum (x 16 for q8_0's -128) */
 } act_group;
-HS_STATIC_ASSERT(sizeof(act_group) == 256, "activation groups stay 64-byte aligned");
+HS_STATIC_ASSERT(sizeof(act_group) == 640, "activation groups stay 64-byte aligned");
 
-static inline int32_t *act_off8(const act_group *row, int ng, int g) {
-    return (int32_t *)(row + ng) + 16 * g; /* -128 x the same sums as off4 */
-}
 static inline float *act_sums(const act_group *row, int ng, int g) {
-    return (float *)(act_off8(row, ng, ng)) + 4 * g; /* d x sum of each block */
+    return (float *)(row + ng) + 16 * g; /* d x sum of each block */
+}
+/* A partial last group of t <= 4 blocks again, for tail_step: 64 bytes whose lane kt + j is lo[k]'s
+ * lane j, then 64 the same of hi (zero past 4t lanes). */
+static inline int8_t *act_tail(const act_group *row, int ng) {
+    return (int8_t *)act_sums(row, ng, ng);
 }
 
 static size_t act_bytes(int n) {
     const size_t ng = (size_t)(n / HS_QK + GROUP - 1) / GROUP;
-    return ng * sizeof(act_group) + ng * 64 + (ng * 16 + 63) / 64 * 64;
+    return ng * sizeof(act_group) + ng * 64 + 128;
+}
+
+static inline void store32(void *p, int v) { memcpy(p, &v, 4); }
+static inline int load32(const void *p) {
+    int v;
+    memcpy(&v, p, 4);
+    return v;
 }
 
 static void quantize_packed(const float *x, void *out, int n) {
     act_group *g = out;
     const int nb = n / HS_QK, ng = (nb + GROUP - 1) / GROUP;
-    const __m256i ones = _mm256_set1_epi8(1);
     for (int b = 0; b < nb; b++) {
         act_group *G = g + b / GROUP;
         const int j = b % GROUP;
         float d;
         int sum;
-        const __m256i q = quantize_block(x + b * HS_QK, &d, &sum);
-        _mm_store_si128((__m128i *)(G->lo + 16 * j), _mm256_castsi256_si128(q));
-        _mm_store_si128((__m128i *)(G->hi + 16 * j), _mm256_extracti128_si256(q, 1));
-        const __m256i s8 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, q);
-        const __m128i lanes = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-        _mm_store_si128((__m128i *)(G->off4 + 4 * j), _mm_mullo_epi32(lanes, _mm_set1_epi32(-8)));
-        _mm_store_si128((__m128i *)(act_off8(g, ng, b / GROUP) + 4 * j),
-                        _mm_mullo_epi32(lanes, _mm_set1_epi32(-128)));
-        _mm_store_ps(G->d + 4 * j, _mm_set1_ps(d));
+        _Alignas(32) int32_t q[8];
+        _mm256_store_si256((__m256i *)q, quantize_block(x + b * HS_QK, &d, &sum));
+        for (int k = 0; k < 4; k++) {
+            store32(G->lo[k] + 4 * j, q[k]);
+            store32(G->hi[k] + 4 * j, q[4 + k]);
+        }
+        G->d[j] = d;
+        G->off4[j] = -8 * sum;
         act_sums(g, ng, b / GROUP)[j] = d * (float)sum;
     }
     for (int b = nb; b % GROUP; b++) { /* zero the rest of a partial last group */
         act_group *G = g + b / GROUP;
         const int j = b % GROUP;
-        memset(G->lo + 16 * j, 0, 16);
-        memset(G->hi + 16 * j, 0, 16);
-        memset(G->d + 4 * j, 0, 16);
-        memset(G->off4 + 4 * j, 0, 16);
-        memset(act_off8(g, ng, b / GROUP) + 4 * j, 0, 16);
+        for (int k = 0; k < 4; k++) {
+            store32(G->lo[k] + 4 * j, 0);
+            store32(G->hi[k] + 4 * j, 0);
+        }
+        G->d[j] = 0.0f;
+        G->off4[j] = 0;
         act_sums(g, ng, b / GROUP)[j] = 0.0f;
     }
+    const int t = nb % GROUP;
+    int8_t *tail = act_tail(g, ng);
+    memset(tail, 0, 128);
+    if (t && t <= 4)
+        for (int k = 0; k < 4; k++)
+            for (int j = 0; j < t; j++) {
+                memcpy(tail + 4 * (k * t + j), g[ng - 1].lo[k] + 4 * j, 4);
+                memcpy(tail + 64 + 4 * (k * t + j), g[ng - 1].hi[k] + 4 * j, 4);
+            }
+}
+
+/* q8_0's chunks in a group of t blocks: for t > 4 those of elements 4k.. and 16 + 4k.. side by
+ * side (k = 0..3: a product reads its lines in order), for t <= 4 all of 0..15 then all of
+ * 16..31 (tail_step reads each half as one vector). Where chunk k of the low half starts (in
+ * chunks of 4t bytes), and how far its high-half partner lies. */
+static inline size_t q8_lo(int t, int k) { return (size_t)(t > 4 ? 2 * k : k) * 4 * t; }
+static inline size_t q8_hi(int t) { return (size_t)(t > 4 ? 1 : 4) * 4 * t; }
+
+/* Where block b's bytes lie in a packed row: its first 4-byte piece (q4: 4 pieces, one per chunk;
+ * q8_0: 4 of elements 0..15, 4 of 16..31), the distance between a half's pieces and (q8_0) from
+ * the low half's first to the high half's. */
+static inline const uint8_t *block_piece(const uint8_t *qs, size_t qbytes, int nb, int b,
+                                         size_t *stride, size_t *hi) {
+    const int g = b / GROUP, j = b % GROUP, t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+    *stride = qbytes == 32 ? q8_lo(t, 1) : (size_t)t * 4;
+    *hi = q8_hi(t);
+    return qs + (size_t)g * GROUP * qbytes + (size_t)j * 4;
+}
+
+/* Four 4-byte pieces `stride` apart as one 16-byte vector (a q4 block's bytes, or half a q8_0
+ * block). */
+static inline __m128i block_pieces(const uint8_t *p, size_t stride) {
+    return _mm_setr_epi32(load32(p), load32(p + stride), load32(p + 2 * stride),
+                          load32(p + 3 * stride));
 }
 
 static void pack_row(int type, const void *src, void *dst, int cols) {
     const int nb = cols / HS_QK;
     uint8_t *qs = dst;
-    if (type == HS_Q4_0 || type == HS_Q4_1) {
-        hs_fp16 *d = (hs_fp16 *)(qs + (size_t)nb * 16), *m = d + nb;
-        for (int b = 0; b < nb; b++) {
+    const size_t qbytes = type == HS_Q8_0 ? 32 : 16;
+    hs_fp16 *d = (hs_fp16 *)(qs + (size_t)nb * qbytes), *m = d + nb;
+    for (int b = 0; b < nb; b++) {
+        size_t stride, hi;
+        uint8_t *p = (uint8_t *)block_piece(qs, qbytes, nb, b, &stride, &hi);
+        if (type == HS_Q8_0) {
+            const block_q8_0 *x = (const block_q8_0 *)src + b;
+            for (int e = 0; e < HS_QK; e++)
+                p[(e / 16) * hi + (size_t)(e % 16 / 4) * stride + e % 4] = (uint8_t)(x->qs[e] ^ 0x80);
+            d[b] = x->d;
+        } else {
+            const uint8_t *q = type == HS_Q4_0 ? ((const block_q4_0 *)src + b)->qs
+                                               : ((const block_q4_1 *)src + b)->qs;
+            for (int k = 0; k < 4; k++) memcpy(p + (size_t)k * stride, q + 4 * k, 4);
             if (type == HS_Q4_0) {
-                const block_q4_0 *x = (const block_q4_0 *)src + b;
-                memcpy(qs + b * 16, x->qs, 16);
-                d[b] = x->d;
+                d[b] = ((const block_q4_0 *)src + b)->d;
             } else {
-                const block_q4_1 *x = (const block_q4_1 *)src + b;
-                memcpy(qs + b * 16, x->qs, 16);
-                d[b] = x->d;
-                m[b] = x->m;
-            }
-        }
-    } else if (type == HS_Q8_0) {
-        hs_fp16 *d = (hs_fp16 *)(qs + (size_t)nb * 32);
-        for (int g = 0; g * GROUP < nb; g++) {
-            const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
-            uint8_t *lo = qs + (size_t)g * GROUP * 32, *hi = lo + t * 16;
-            for (int j = 0; j < t; j++) {
-                const block_q8_0 *x = (const block_q8_0 *)src + g * GROUP + j;
-                for (int e = 0; e < 16; e++) {
-                    lo[j * 16 + e] = (uint8_t)(x->qs[e] ^ 0x80);
-                    hi[j * 16 + e] = (uint8_t)(x->qs[16 + e] ^ 0x80);
-                }
-                d[g * GROUP + j] = x->d;
+                d[b] = ((const block_q4_1 *)src + b)->d;
+                m[b] = ((const block_q4_1 *)src + b)->m;
             }
         }
     }
@@ -115,147 +155,257 @@ static void pack_row(int type, const void *src, void *dst, int cols) {
 static void unpack_row(int type, const void *src, void *dst, int cols) {
     const int nb = cols / HS_QK;
     const uint8_t *qs = src;
-    if (type == HS_Q4_0 || type == HS_Q4_1) {
-        const hs_fp16 *d = (const hs_fp16 *)(qs + (size_t)nb * 16), *m = d + nb;
-        for (int b = 0; b < nb; b++) {
-            if (type == HS_Q4_0) {
-                block_q4_0 *x = (block_q4_0 *)dst + b;
-                memcpy(x->qs, qs + b * 16, 16);
-                x->d = d[b];
-            } else {
-                block_q4_1 *x = (block_q4_1 *)dst + b;
-                memcpy(x->qs, qs + b * 16, 16);
-                x->d = d[b];
-                x->m = m[b];
-            }
-        }
-    } else if (type == HS_Q8_0) {
-        const hs_fp16 *d = (const hs_fp16 *)(qs + (size_t)nb * 32);
-        for (int g = 0; g * GROUP < nb; g++) {
-            const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
-            const uint8_t *lo = qs + (size_t)g * GROUP * 32, *hi = lo + t * 16;
-            for (int j = 0; j < t; j++) {
-                block_q8_0 *x = (block_q8_0 *)dst + g * GROUP + j;
-                for (int e = 0; e < 16; e++) {
-                    x->qs[e] = (int8_t)(lo[j * 16 + e] ^ 0x80);
-                    x->qs[16 + e] = (int8_t)(hi[j * 16 + e] ^ 0x80);
-                }
-                x->d = d[g * GROUP + j];
-            }
+    const size_t qbytes = type == HS_Q8_0 ? 32 : 16;
+    const hs_fp16 *d = (const hs_fp16 *)(qs + (size_t)nb * qbytes), *m = d + nb;
+    for (int b = 0; b < nb; b++) {
+        size_t stride, hi;
+        const uint8_t *p = block_piece(qs, qbytes, nb, b, &stride, &hi);
+        if (type == HS_Q8_0) {
+            block_q8_0 *x = (block_q8_0 *)dst + b;
+            for (int e = 0; e < HS_QK; e++)
+                x->qs[e] = (int8_t)(p[(e / 16) * hi + (size_t)(e % 16 / 4) * stride + e % 4] ^ 0x80);
+            x->d = d[b];
+        } else if (type == HS_Q4_0) {
+            block_q4_0 *x = (block_q4_0 *)dst + b;
+            for (int k = 0; k < 4; k++) memcpy(x->qs + 4 * k, p + (size_t)k * stride, 4);
+            x->d = d[b];
+        } else {
+            block_q4_1 *x = (block_q4_1 *)dst + b;
+            for (int k = 0; k < 4; k++) memcpy(x->qs + 4 * k, p + (size_t)k * stride, 4);
+            x->d = d[b];
+            x->m = m[b];
         }
     }
-}
-
-/* The four scales of a group (fewer in a partial one), each spread over its four int32 lanes. */
-static inline __m512 group_scales(const hs_fp16 *d, __mmask8 m, int whole) {
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    const __m128 d4 = _mm_cvtph_ps(whole ? _mm_loadl_epi64((const __m128i *)d)
-                                         : _mm_maskz_loadu_epi16(m, d));
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d4));
 }
 
 enum { Q4_0, Q4_1, Q8_0 };
 
-/* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
- * load without masks) of R weight rows x C activation rows into the tile's accumulators. */
-static inline __attribute__((always_inline)) void group_step(
-    const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4], __m128 mins[4][4]) {
+/* The float part of a group of t blocks: per pair and lane (block) j,
+ * acc = fma(cvt(s) * d_act, d_weight, acc), q4_1's acc = fma(m, d_act * sum, acc) after it;
+ * lanes past t meet zero scales (masked loads, zero-padded activations) and add +0. */
+static inline __attribute__((always_inline)) void scale_step(
+    const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, __m512i s[4][2], __m512 acc[4][2]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
-    const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
-    const __mmask8 dm = (__mmask8)((1u << t) - 1);
-    __m512i wl[4], wh[4];
-    __m512 dw[4];
-    __m128 mw[4];
+    const __mmask16 dm = (__mmask16)((1u << t) - 1);
     for (int r = 0; r < R; r++) {
         const uint8_t *row = w + (size_t)r * wstride;
-        const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes);
-        if (kind == Q8_0) {
-            const uint8_t *q = row + (size_t)g * GROUP * 32;
-            _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
-            _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
-            wl[r] = t == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);
-            wh[r] = t == GROUP ? _mm512_loadu_si512(q + 64) : _mm512_maskz_loadu_epi8(qm, q + t * 16);
-        } else {
-            /* the stream runs ahead of the hardware prefetcher's reach between tiles */
-            const uint8_t *q = row + (size_t)g * GROUP * 16;
-            _mm_prefetch((const char *)q + PREFETCH, PF_HINT);
-            const __m512i raw = t == GROUP ? _mm512_loadu_si512(q) : _mm512_maskz_loadu_epi8(qm, q);
-            wl[r] = _mm512_and_si512(raw, low4);
-            wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        const hs_fp16 *d = (const hs_fp16 *)(row + (size_t)nb * qbytes) + (size_t)g * GROUP;
+        if (g % 2 == 0) { /* the scales' (and minimums') next line, as far ahead */
+            _mm_prefetch((const char *)d + PREFETCH, PF_HINT);
+            if (kind == Q4_1) _mm_prefetch((const char *)(d + nb) + PREFETCH, PF_HINT);
         }
-        if (g % 8 == 0) { /* the scales' (and minimums') next line, as far ahead */
-            _mm_prefetch((const char *)(d + g * GROUP) + PREFETCH, PF_HINT);
-            if (kind == Q4_1)
-                _mm_prefetch((const char *)(d + nb + g * GROUP) + PREFETCH, PF_HINT);
-        }
-        dw[r] = group_scales(d + g * GROUP, dm, t == GROUP);
+        const __m512 dw = _mm512_cvtph_ps(t == GROUP ? _mm256_loadu_si256((const __m256i *)d)
+                                                     : _mm256_maskz_loadu_epi16(dm, d));
+        __m512 mw = _mm512_setzero_ps();
         if (kind == Q4_1)
-            mw[r] = _mm_cvtph_ps(t == GROUP ? _mm_loadl_epi64((const __m128i *)(d + nb + g * GROUP))
-                                            : _mm_maskz_loadu_epi16(dm, d + nb + g * GROUP));
-    }
-    for (int c = 0; c < C; c++) {
-        const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
-        const act_group *y = arow + g;
-        const __m512i ylo = _mm512_load_si512(y->lo), yhi = _mm512_load_si512(y->hi);
-        const __m512 yd = _mm512_load_ps(y->d);
-        for (int r = 0; r < R; r++) {
-            __m512i s = kind == Q4_0 ? _mm512_load_si512(y->off4)
-                      : kind == Q8_0 ? _mm512_load_si512(act_off8(arow, ng, g))
-                                     : _mm512_setzero_si512();
-            s = _mm512_dpbusd_epi32(s, wl[r], ylo);
-            s = _mm512_dpbusd_epi32(s, wh[r], yhi);
-            acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), yd), dw[r],
-                                        acc[r][c]);
+            mw = _mm512_cvtph_ps(t == GROUP ? _mm256_loadu_si256((const __m256i *)(d + nb))
+                                            : _mm256_maskz_loadu_epi16(dm, d + nb));
+        for (int c = 0; c < C; c++) {
+            const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
+            acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]),
+                                                      _mm512_load_ps(arow[g].d)),
+                                        dw, acc[r][c]);
             if (kind == Q4_1)
-                mins[r][c] = _mm_fmadd_ps(mw[r], _mm_load_ps(act_sums(arow, ng, g)),
-                                          mins[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(act_sums(arow, ng, g)), acc[r][c]);
         }
     }
 }
 
-/* R weight rows x C activation rows, all constants after inlining: the accumulators live in
- * registers. Per group and pair: two vpdpbusd, one convert, one multiply, one FMA. */
+/* The integer steps of a partial last group of at most 8 blocks run on its 8 lanes only (256
+ * bits: half the work; the other lanes stay 0, as the full width would leave them). */
+#define LOADQ(p) (half ? _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8((__mmask32)qm, (p)))     \
+                       : t == GROUP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(qm, (p)))
+#define LOADA(p) (half ? _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)(p)))         \
+                       : _mm512_load_si512(p))
+#define DPBUSD(s, w, y)                                                                         \
+    (half ? _mm512_zextsi256_si512(_mm256_dpbusd_epi32(_mm512_castsi512_si256(s),                \
+                                                       _mm512_castsi512_si256(w),                \
+                                                       _mm512_castsi512_si256(y)))               \
+          : _mm512_dpbusd_epi32((s), (w), (y)))
+
+/* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
+ * load without masks) of R weight rows x C activation rows into the tile's accumulators: chunk
+ * by chunk, each weight chunk unpacked once serves the C activation rows and each activation
+ * chunk loaded once the R weight rows, the 16-block integer sums held in registers; then per
+ * pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
+static inline __attribute__((always_inline)) void group_step(
+    const int kind, const int R, const int C, int g, const int t, const int half, int nb,
+    const uint8_t *w, size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
+    const act_group *y[2];
+    for (int c = 0; c < C; c++)
+        y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
+    /* one or two pairs (a single token's product): the high halves' sums in a second chain,
+     * so that each waits on four vpdpbusd instead of eight (integers: the same sums) */
+    const int split = R * C <= 2;
+    __m512i s[4][2], s2[4][2];
+    for (int c = 0; c < C; c++) {
+        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
+                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
+                                         : _mm512_load_si512(y[c]->off4);
+        for (int r = 0; r < R; r++) {
+            s[r][c] = off;
+            s2[r][c] = _mm512_setzero_si512();
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        __m512i wl[4], wh[4];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
+            if (kind == Q8_0) {
+                const uint8_t *lo = q + q8_lo(t, k), *hi = lo + q8_hi(t);
+                /* the stream runs ahead of the hardware prefetcher's reach between tiles */
+                _mm_prefetch((const char *)lo + PREFETCH, PF_HINT);
+                _mm_prefetch((const char *)hi + PREFETCH, PF_HINT);
+                wl[r] = LOADQ(lo);
+                wh[r] = LOADQ(hi);
+            } else {
+                const uint8_t *p = q + (size_t)k * 4 * t;
+                _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
+                const __m512i raw = LOADQ(p);
+                wl[r] = _mm512_and_si512(raw, low4);
+                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            const __m512i ylo = LOADA(y[c]->lo[k]), yhi = LOADA(y[c]->hi[k]);
+            for (int r = 0; r < R; r++) {
+                s[r][c] = DPBUSD(s[r][c], wl[r], ylo);
+                if (split) s2[r][c] = DPBUSD(s2[r][c], wh[r], yhi);
+                else s[r][c] = DPBUSD(s[r][c], wh[r], yhi);
+            }
+        }
+    }
+    if (split)
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) s[r][c] = _mm512_add_epi32(s[r][c], s2[r][c]);
+    scale_step(kind, R, C, g, t, nb, w, wstride, a, astride, s, acc);
+}
+#undef LOADQ
+#undef LOADA
+#undef DPBUSD
+
+/* A partial last group of at most 4 blocks: its weight chunks lie together (16t bytes for q4,
+ * the 16t of elements 0..15 then the 16t of 16..31 for q8_0) and are read as one vector whose
+ * lane kt + j holds chunk k of block j; the activations' tail copy (act_tail) matches it. Two
+ * vpdpbusd, then the four lanes of each block are added (exact integers, any order) into lane j:
+ * the same sums as group_step's, for a quarter of its vpdpbusd. Lanes past t hold partial sums
+ * that meet zero scales. */
+static inline __attribute__((always_inline)) void tail_step(
+    const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const int ng = (nb + GROUP - 1) / GROUP;
+    const __m512i low4 = _mm512_set1_epi8(0x0f), lane = _mm512_setr_epi32(
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i down2 = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * t)),
+                  down1 = _mm512_add_epi32(lane, _mm512_set1_epi32(t)); /* (mod 16) */
+    const __mmask64 qm = t == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
+    __m512i wl[4], wh[4], s[4][2];
+    for (int r = 0; r < R; r++) {
+        const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
+        _mm_prefetch((const char *)q + PREFETCH, PF_HINT); /* as group_step's (a row's last lines) */
+        if (kind == Q8_0) _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
+        if (kind == Q8_0) {
+            wl[r] = _mm512_maskz_loadu_epi8(qm, q);
+            wh[r] = _mm512_maskz_loadu_epi8(qm, q + (size_t)16 * t);
+        } else {
+            const __m512i raw = _mm512_maskz_loadu_epi8(qm, q);
+            wl[r] = _mm512_and_si512(raw, low4);
+            wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
+        const int8_t *tail = act_tail(arow, ng);
+        const __m512i ylo = _mm512_load_si512(tail), yhi = _mm512_load_si512(tail + 64);
+        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
+                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(arow[g].off4), 4)
+                                         : _mm512_load_si512(arow[g].off4);
+        for (int r = 0; r < R; r++) {
+            __m512i v = _mm512_dpbusd_epi32(off, wl[r], ylo);
+            v = _mm512_dpbusd_epi32(v, wh[r], yhi);
+            v = _mm512_add_epi32(v, _mm512_permutexvar_epi32(down2, v)); /* chunks k and k + 2 */
+            s[r][c] = _mm512_add_epi32(v, _mm512_permutexvar_epi32(down1, v)); /* then k + 1 */
+        }
+    }
+    scale_step(kind, R, C, g, t, nb, w, wstride, a, astride, s, acc);
+}
+
+/* The sums of 8 vectors at once, each by _mm512_reduce_add_ps's own tree (GCC's: lane i + lane
+ * i + 8, then i + 4, then (0 + 2) + (1 + 3)), so the same bits for a third of the operations:
+ * v[r + 4c] sums into lane 4c + r of the result (r < 4, c < 2). */
+static inline __m256 reduce8x16(const __m512 v[8]) {
+    __m512 h[4], q[2];
+    for (int i = 0; i < 4; i++)
+        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int i = 0; i < 2; i++)
+        q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xdd));
+    const __m512 p = _mm512_add_ps(_mm512_shuffle_ps(q[0], q[1], 0x44),
+                                   _mm512_shuffle_ps(q[0], q[1], 0xee));
+    /* lane 4a + b (b < 2) now holds v[a + 4b] */
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(p, p, 0x88), _mm512_shuffle_ps(p, p, 0xdd));
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums));
+}
+
+/* R weight rows x C activation rows, all constants after inlining. Per group of 16 blocks and
+ * pair: eight vpdpbusd, one convert, one multiply, one FMA. */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,
                                                        float *out, size_t ostride) {
-    __m512 acc[4][4];
-    __m128 mins[4][4];
+    __m512 acc[4][2];
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm512_setzero_ps();
-            mins[r][c] = _mm_setzero_ps();
-        }
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
     for (int g = 0; g < full; g++)
-        group_step(kind, R, C, g, GROUP, nb, w, wstride, a, astride, acc, mins);
-    if (full < ng)
-        group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc, mins);
+        group_step(kind, R, C, g, GROUP, 0, nb, w, wstride, a, astride, acc);
+    if (full < ng && nb - full * GROUP <= 4)
+        tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
+    else if (full < ng && nb - full * GROUP <= 8)
+        group_step(kind, R, C, full, nb - full * GROUP, 1, nb, w, wstride, a, astride, acc);
+    else if (full < ng)
+        group_step(kind, R, C, full, nb - full * GROUP, 0, nb, w, wstride, a, astride, acc);
+    if (R == 4 && C == 2) {
+        __m512 v[8];
+        for (int r = 0; r < 4; r++)
+            for (int c = 0; c < 2; c++) v[r + 4 * c] = acc[r][c];
+        const __m256 sums = reduce8x16(v);
+        _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
+        _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
+        return;
+    }
     for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++) {
-            float v = _mm512_reduce_add_ps(acc[r][c]);
-            if (kind == Q4_1) {
-                __m128 m = mins[r][c];
-                m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-                v += _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-            }
-            out[(size_t)c * ostride + r] = v;
-        }
+        for (int c = 0; c < C; c++) out[(size_t)c * ostride + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+/* Up to 4 weight rows x 4 activation rows a call, as 4 x 2 register tiles (more would not fit
+ * the 32 registers: each pair holds an integer sum and an accumulator through a group): each
+ * weight chunk unpacked once serves two activation rows, each activation chunk four weight
+ * rows. */
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
     case 2: tile(KIND, R, 2, nb, w, wstride, y, astride, out, ostride); return;                     \
-    case 3: tile(KIND, R, 3, nb, w, wstride, y, astride, out, ostride); return;                     \
-    default: tile(KIND, R, 4, nb, w, wstride, y, astride, out, ostride); return;                    \
+    case 3:                                                                                    \
+        tile(KIND, R, 2, nb, w, wstride, y, astride, out, ostride);                                 \
+        tile(KIND, R, 1, nb, w, wstride, (const act_group *)((const char *)y + 2 * astride),    \
+             astride, out + 2 * ostride, ostride);                                             \
+        return;                                                                                \
+    default:                                                                                   \
+        tile(KIND, R, 2, nb, w, wstride, y, astride, out, ostride);                                 \
+        tile(KIND, R, 2, nb, w, wstride, (const act_group *)((const char *)y + 2 * astride),    \
+             astride, out + 2 * ostride, ostride);                                             \
+        return;                                                                                \
     }
 
-/* Up to 4 x 4 tiles: each activation group loaded from L2 serves four weight rows, each weight
- * group unpacked once serves four activation rows. */
 #define TILES(KIND, NAME)                                                                       \
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \

@@ -285,32 +285,8 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
             rows_dots8(1, hd, q + r0, k8, s + r0, p);
         }
     }
-    for (int r = first; r < last; r++) { /* attend.h's softmax step, row by row */
-        if (nr[r] <= 0) continue;
-        float max = m[r];
-        for (int p = 0; p < nr[r]; p++) {
-            s[r][p] *= scale;
-            if (s[r][p] > max) max = s[r][p];
-        }
-        const float rescale = expf(m[r] - max);
-        if (rescale != 1.0f) {
-            l[r] *= rescale;
-            for (int d = 0; d < hd; d++) acc[r][d] *= rescale;
-        }
-        float sum = 0.0f;
-        for (int p = 0; p < nr[r]; p++) s[r][p] -= max;
-#ifdef HS_EXPS
-        exps(s[r], nr[r]);
-        for (int p = 0; p < nr[r]; p++) sum += s[r][p];
-#else
-        for (int p = 0; p < nr[r]; p++) {
-            s[r][p] = expf(s[r][p]);
-            sum += s[r][p];
-        }
-#endif
-        l[r] += sum;
-        m[r] = max;
-    }
+    for (int r = first; r < last; r++) /* attend.h's softmax step, row by row */
+        if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
     const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
     for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
         const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;

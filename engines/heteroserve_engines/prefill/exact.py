@@ -17,12 +17,12 @@ attention of a prefill chunk's consecutive tokens together: its results depend o
 sits in the step, so no prefill can match them in general):
 
 - integer parts exactly: the products of 8-bit activations and 4- or 8-bit weights are summed
-  per SIMD lane (8 elements: 4 of a block's first half and the 4 at +16) with a float32 matrix
-  product, exact for integers below 2^24;
-- float parts in the kernel's order: per lane `fma(isum * d_act, d_weight, acc)` over groups of
-  four blocks, then `_mm512_reduce_add_ps`'s tree (GCC's), q4_1's minimum terms in their own
-  four lanes; RMSNorm's sum of squares as dot_f32 (8 FMA lanes, then hsum_ps's tree); attention
-  as attend_f16 (8-lane FMA dots of each fp16 K row, online softmax per 64 positions, each
+  per block (one SIMD lane each) with a float32 matrix product, exact for integers below 2^24;
+- float parts in the kernel's order: per lane (block j of each group of 16)
+  `fma(isum * d_act, d_weight, acc)` over the groups, q4_1's `fma(m, d_act * sum, acc)` after
+  each, then `_mm512_reduce_add_ps`'s tree (GCC's; the kernels sum eight at once, by the same
+  tree); RMSNorm's sum of squares as dot_f32 (8 FMA lanes, then hsum_ps's tree); attention as
+  attend_f16 (8-lane FMA dots of each fp16 K row, online softmax per 64 positions, each
   weight times the fp16 V row fused into the accumulator; x86_common.h's rows_span computes
   it many rows at a time, for decode and for a prefill chunk's blocks, at the same bits), spans
   of 256 positions combined as attn_combine does; every other operation as model.c writes it,
@@ -54,7 +54,7 @@ from ..cpu_engine.gguf_model import TARGETS, ModelConfig, ModelFileError, _conve
 
 VARIANTS = ("avx512vnni",)
 QK = 32
-GROUP = 4           # blocks per avx512 activation group (16 int32 lanes, 4 per block)
+GROUP = 16          # blocks per avx512 group (16 int32 lanes, one per block)
 ATTN_SPAN = 256     # model.c: positions per attention item
 INNER_SPAN = 64     # kernels.h HS_ATTN_SPAN: positions scored at once in attend_f16
 T_CHUNK = 256       # activation rows per product pass here (bounds the lane-sum tensor)
@@ -297,10 +297,11 @@ def expf(x: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class QMatrix:
-    """A weight matrix as the avx512vnni kernels read it: `lanes` [blocks * 4, 8, rows] float32
-    holding each SIMD lane's 8 integer weights (q4_0 and q8_0 signed, q4_1's nibbles unsigned;
-    the block count padded to whole groups of four with zero blocks, as the kernels' masked
-    loads read a partial group), `d` [blocks, rows] the block scales, `m` q4_1's minimums; or
+    """A weight matrix as the avx512vnni kernels read it: `lanes` [blocks, 32, rows] float32
+    holding each block's (SIMD lane's) 32 integer weights (q4_0 and q8_0 signed, q4_1's nibbles
+    unsigned; the block count padded to whole groups of 16 with zero blocks, as the kernels'
+    masked loads read a partial group), `d` [blocks, rows] the block scales, `m` q4_1's
+    minimums; or
     `dense` [rows, cols] for f16/f32 weights (dot_f16 / dot_f32)."""
 
     kind: int
@@ -313,11 +314,6 @@ class QMatrix:
     ints: np.ndarray | None = None  # [rows, cols] the integer weights (embedding lookups)
     scales: np.ndarray | None = None  # [rows, blocks] float32
     mins: np.ndarray | None = None
-
-
-# Element order of a block's 4 lanes: lane k holds elements 4k..4k+3 and 16+4k..16+4k+3.
-LANE_ORDER = np.array([e for k in range(4) for e in (*range(4 * k, 4 * k + 4),
-                                                     *range(16 + 4 * k, 20 + 4 * k))])
 
 
 def _blocks(raw: np.ndarray, kind: int, rows: int, cols: int):
@@ -362,8 +358,8 @@ def load_matrix(mapped: np.ndarray, tensor: TensorInfo, device: torch.device,
     ints, d, m = _blocks(np.asarray(raw), kind, rows, cols)
     nb = cols // QK
     pad = -nb % GROUP
-    lanes = ints.reshape(rows, nb, QK)[:, :, LANE_ORDER].reshape(rows, nb * 4, 8)
-    lanes = np.concatenate([lanes, np.zeros((rows, pad * 4, 8), np.int32)], axis=1)
+    lanes = ints.reshape(rows, nb, QK)
+    lanes = np.concatenate([lanes, np.zeros((rows, pad, QK), np.int32)], axis=1)
     to = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     pad_blocks = lambda a: np.concatenate([a, np.zeros((rows, pad), np.float32)], 1).T  # noqa: E731
     # float32 products of these integers are exact; cuBLAS may compute float32 products in
@@ -392,9 +388,9 @@ def embed_rows(w: QMatrix, tokens: list[int], device: torch.device) -> torch.Ten
 
 @dataclass
 class Activations:
-    """Rows quantized as quantize_block does: `lanes` [rows, blocks * 4, 8] the int8 values in
-    lane order (float32), `d` [rows, blocks] the scales max/127, `s` [rows, blocks] d * sum;
-    blocks padded to whole groups of four with zeros; `x` the float rows (f16/f32 weights)."""
+    """Rows quantized as quantize_block does: `lanes` [rows, blocks, 32] the int8 values
+    (float32), `d` [rows, blocks] the scales max/127, `s` [rows, blocks] d * sum; blocks padded
+    to whole groups of 16 with zeros; `x` the float rows (f16/f32 weights)."""
 
     lanes: torch.Tensor
     d: torch.Tensor
@@ -428,10 +424,9 @@ def quantize(x: torch.Tensor) -> Activations:
         qsum = torch.where(overflow, torch.zeros_like(qsum), qsum)
     s = d * qsum
     pad = -nb % GROUP
-    order = torch.as_tensor(LANE_ORDER, device=x.device)
-    lanes = q[..., order].reshape(n, nb * 4, 8)
+    lanes = q
     if pad:
-        lanes = torch.cat([lanes, lanes.new_zeros(n, pad * 4, 8)], 1)
+        lanes = torch.cat([lanes, lanes.new_zeros(n, pad, QK)], 1)
         d = torch.cat([d, d.new_zeros(n, pad)], 1)
         s = torch.cat([s, s.new_zeros(n, pad)], 1)
     return Activations(lanes, d, s, x)
@@ -455,43 +450,34 @@ def matmul(w: QMatrix, a: Activations) -> torch.Tensor:
 
 def _matmul_rows(w: QMatrix, lanes: torch.Tensor, d: torch.Tensor, s: torch.Tensor
                  ) -> torch.Tensor:
-    n_lanes = w.lanes.shape[0]
-    # [lanes, t, rows]: each lane's integer sum, exact in float32
+    n_blocks = w.lanes.shape[0]
+    # [blocks, t, rows]: each block's integer sum, exact in float32
     isum = torch.bmm(lanes.transpose(0, 1).to(w.lanes.dtype), w.lanes).float()
-    scaled = isum * d.T.repeat_interleave(4, 0)[:, :, None]  # cvt(s) * yd, float32
+    scaled = isum * d.T[:, :, None]  # cvt(s) * yd, float32
     if _native_fma(lanes.device) is not None:
         return _accumulate_native(w, scaled, s)
-    # fma(scaled, dw, acc) per lane over the groups: the products exact in float64, the
-    # accumulator a float32 value carried in float64
-    products = scaled.double() * w.d.double().repeat_interleave(4, 0)[:, None, :]
-    acc = (products[0:16] + 0.0).float().double()  # fma(p, +0): rounded once, -0 to +0
-    for g in range(16, n_lanes, 16):
-        acc = add_rounded(products[g:g + 16], acc)
-    out = reduce16(acc.float())
-    if w.m is not None:  # q4_1: fma(m, d * sum, mins) per block of the group, then hadd
-        products = w.m.double()[:, None, :] * s.T.double()[:, :, None]
-        mins = (products[0:GROUP] + 0.0).float().double()
-        for b in range(GROUP, w.m.shape[0], GROUP):
-            mins = add_rounded(products[b:b + GROUP], mins)
-        mins = mins.float()
-        out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
-    return out
+    # per lane over the groups fma(scaled, dw, acc) (and q4_1's fma(m, d * sum, acc)): the
+    # products exact in float64, the accumulator a float32 value carried in float64, from +0
+    products = scaled.double() * w.d.double()[:, None, :]
+    mins = None if w.m is None else w.m.double()[:, None, :] * s.T.double()[:, :, None]
+    acc = torch.zeros_like(products[0:GROUP])
+    for g in range(0, n_blocks, GROUP):
+        acc = add_rounded(products[g:g + GROUP], acc)
+        if mins is not None:
+            acc = add_rounded(mins[g:g + GROUP], acc)
+    return reduce16(acc.float())
 
 
 def _accumulate_native(w: QMatrix, scaled: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """_matmul_rows's float part with the device's own fused multiply-add."""
-    dw = w.d.repeat_interleave(4, 0)[:, None, :]
-    acc = torch.zeros(16, scaled.shape[1], w.rows, device=scaled.device)
-    for g in range(0, scaled.shape[0], 16):
-        acc = fma32(scaled[g:g + 16], dw[g:g + 16], acc)
-    out = reduce16(acc)
-    if w.m is not None:
-        sums = s.T[:, :, None]
-        mins = torch.zeros(4, scaled.shape[1], w.rows, device=scaled.device)
-        for b in range(0, w.m.shape[0], GROUP):
-            mins = fma32(w.m[b:b + GROUP, None, :], sums[b:b + GROUP], mins)
-        out = out + ((mins[0] + mins[2]) + (mins[1] + mins[3]))
-    return out
+    dw = w.d[:, None, :]
+    sums = s.T[:, :, None]
+    acc = torch.zeros(GROUP, scaled.shape[1], w.rows, device=scaled.device)
+    for g in range(0, scaled.shape[0], GROUP):
+        acc = fma32(scaled[g:g + GROUP], dw[g:g + GROUP], acc)
+        if w.m is not None:
+            acc = fma32(w.m[g:g + GROUP, None, :], sums[g:g + GROUP], acc)
+    return reduce16(acc)
 
 
 # -- the layer's other operations --------------------------------------------------------------
