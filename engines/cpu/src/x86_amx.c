@@ -108,38 +108,68 @@ static void gather_blocks(int kind, int nb, const char *a, size_t astride, amx_b
     }
 }
 
-/* Block b of the strip's 16 weight rows as a 16 x 32 u8 tile (elements 0..15, then 16..31). */
+/* Group g's blocks of the strip's 16 weight rows (rows past `rows` repeat the first), each
+ * block's bytes together again: per row, a q4 block's 16 nibble bytes (or a q8_0 block's 16 low
+ * then, 256 bytes on, 16 high elements) at grp + row * 256 (512) + (j % 4) * 64 + (j / 4) * 16.
+ * The packed layout keeps a block's bytes in 4-byte pieces, one per chunk; a 4 x 16 transpose of
+ * the chunks brings them together, a group at a time instead of a block at a time. */
+static void group_rows(int kind, const uint8_t *w, size_t wstride, int rows, int nb, int g,
+                       uint8_t *grp) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
+    const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
+    for (int r = 0; r < AMX_M; r++) {
+        const uint8_t *q = w + (size_t)(r < rows ? r : 0) * wstride + (size_t)g * GROUP * qbytes;
+        for (int half = 0; half < (kind == Q8_0 ? 2 : 1); half++) {
+            __m512i c[4];
+            for (int k = 0; k < 4; k++)
+                c[k] = _mm512_maskz_loadu_epi8(qm, q + (kind == Q8_0 ? q8_lo(t, k) + half * q8_hi(t)
+                                                                    : (size_t)k * 4 * t));
+            const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpackhi_epi32(c[0], c[1]);
+            const __m512i t2 = _mm512_unpacklo_epi32(c[2], c[3]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+            uint8_t *o = grp + (size_t)r * AMX_M * qbytes + (size_t)half * 256;
+            _mm512_store_si512(o, _mm512_unpacklo_epi64(t0, t2));        /* blocks 0, 4, 8, 12 */
+            _mm512_store_si512(o + 64, _mm512_unpackhi_epi64(t0, t2));   /* 1, 5, 9, 13 */
+            _mm512_store_si512(o + 128, _mm512_unpacklo_epi64(t1, t3));  /* 2, 6, 10, 14 */
+            _mm512_store_si512(o + 192, _mm512_unpackhi_epi64(t1, t3));  /* 3, 7, 11, 15 */
+        }
+    }
+}
+
+/* Block b of the strip's 16 weight rows as a 16 x 32 u8 tile (elements 0..15, then 16..31), from
+ * its group's rows (group_rows, refilled at each group's first block: blocks come in order). */
 static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int rows, int nb, int b,
-                              uint8_t *a) {
+                              uint8_t *grp, uint8_t *a) {
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     /* qword order [row0 lo, row0 hi, row1 lo, row1 hi] from 4 rows' lo and hi halves */
     const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const size_t qbytes = kind == Q8_0 ? 32 : 16, row_bytes = AMX_M * qbytes;
+    const int j = b % GROUP;
+    if (j == 0) group_rows(kind, w, wstride, rows, nb, b / GROUP, grp);
+    const uint8_t *at = grp + (size_t)(j % 4) * 64 + (size_t)(j / 4) * 16;
     for (int r = 0; r < AMX_M; r += 4) {
-        const uint8_t *q[4];
-        for (int i = 0; i < 4; i++) /* rows past the end repeat the first: computed, dropped */
-            q[i] = w + (size_t)(r + i < rows ? r + i : 0) * wstride;
         if (WIDE8_AHEAD && b % 4 == 0) /* four blocks' quants: 64 bytes (q4) or 128 (q8) a row */
             for (int i = 0; i < 4; i++) {
-                const char *p = (const char *)q[i] + (size_t)b * qbytes + WIDE8_AHEAD;
+                const char *p = (const char *)w + (size_t)(r + i < rows ? r + i : 0) * wstride
+                              + (size_t)b * qbytes + WIDE8_AHEAD;
                 _mm_prefetch(p, PF_HINT);
                 if (kind == Q8_0) _mm_prefetch(p + 64, PF_HINT);
             }
-        size_t stride, half;
-        const size_t at = (size_t)(block_piece(q[0], qbytes, nb, b, &stride, &half) - q[0]);
         __m512i lo, hi;
-        if (kind == Q8_0) { /* elements 0..15, then 16..31, already unsigned */
-            lo = _mm512_castsi128_si512(block_pieces(q[0] + at, stride));
-            hi = _mm512_castsi128_si512(block_pieces(q[0] + at + half, stride));
+        if (kind == Q8_0) { /* already unsigned */
+            lo = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes)));
+            hi = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes + 256)));
             for (int i = 1; i < 4; i++) {
-                lo = _mm512_inserti32x4(lo, block_pieces(q[i] + at, stride), i);
-                hi = _mm512_inserti32x4(hi, block_pieces(q[i] + at + half, stride), i);
+                const uint8_t *p = at + (size_t)(r + i) * row_bytes;
+                lo = _mm512_inserti32x4(lo, _mm_load_si128((const __m128i *)p), i);
+                hi = _mm512_inserti32x4(hi, _mm_load_si128((const __m128i *)(p + 256)), i);
             }
         } else {
-            __m512i raw = _mm512_castsi128_si512(block_pieces(q[0] + at, stride));
+            __m512i raw = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes)));
             for (int i = 1; i < 4; i++)
-                raw = _mm512_inserti32x4(raw, block_pieces(q[i] + at, stride), i);
+                raw = _mm512_inserti32x4(
+                    raw, _mm_load_si128((const __m128i *)(at + (size_t)(r + i) * row_bytes)), i);
             lo = _mm512_and_si512(raw, low4);
             hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
         }
@@ -158,6 +188,7 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     for (int r = 0; r < AMX_M; r++) acc[r] = _mm512_setzero_ps();
     _Alignas(64) int32_t c[2][AMX_M][AMX_N];
     _Alignas(64) uint8_t a[4][AMX_M * HS_QK];
+    _Alignas(64) uint8_t grp[AMX_M * GROUP * 32]; /* group_rows' */
     _Alignas(64) float dw[AMX_M], mw[AMX_M];
     /* byte offsets of the strip's rows; rows past the end read the first (results dropped) */
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -188,7 +219,7 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
      * (P: block b's, N: block b + 1's; literal numbers, as the tile intrinsics require). */
 #define STEP(b, P, N, NA, NB)                                                                   \
     do {                                                                                       \
-        if ((b) + 2 < nb) block_rows(kind, w, wstride, rows, nb, (b) + 2, a[((b) + 2) & 3]);  \
+        if ((b) + 2 < nb) block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, a[((b) + 2) & 3]); \
         _tile_stored(P, c[P], AMX_N * 4);                                                      \
         if ((b) + 1 < nb) {                                                                    \
             _tile_loadd(NA, a[((b) + 1) & 3], HS_QK);                                          \
@@ -198,8 +229,8 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
         }                                                                                      \
         if ((b) >= 1) DRAIN(N, (b) - 1);                                                       \
     } while (0)
-    block_rows(kind, w, wstride, rows, nb, 0, a[0]);
-    if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, a[1]);
+    block_rows(kind, w, wstride, rows, nb, 0, grp, a[0]);
+    if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, grp, a[1]);
     _tile_loadd(2, a[0], HS_QK);
     _tile_loadd(4, y[0].lo, AMX_N * 4);
     _tile_zero(0);

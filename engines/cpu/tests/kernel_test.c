@@ -304,6 +304,61 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
     }
 }
 
+/* Products of rows whose last group of 16 blocks (the packed x86 layout's) is partial in the
+ * other two ways than main's 17 blocks (16 + 1): 22 blocks (16 + 6: the 256-bit partial group,
+ * q8_0's chunks side by side) and 29 (16 + 13: the full-width masked one), at 1, 6 and 21
+ * activation rows (amx: 21 is one group of 16 on the int8 tile unit plus 5 on the register
+ * tiles), against the reference with main's tolerance. */
+static void test_partial_groups(hs_pool *pool, unsigned *seed) {
+    enum { R = 36, N = 21 };
+    const int widths[] = {22 * HS_QK, 29 * HS_QK}, types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
+    for (int wi = 0; wi < 2; wi++) {
+        const int cols = widths[wi];
+        float *w = malloc(sizeof(float) * R * cols), *x = malloc(sizeof(float) * N * cols);
+        float *expect = malloc(sizeof(float) * N * R), *got = malloc(sizeof(float) * N * R);
+        for (int i = 0; i < R * cols; i++) w[i] = frand(seed);
+        for (int i = 0; i < N * cols; i++) x[i] = frand(seed);
+        for (int ti = 0; ti < 3; ti++) {
+            const int type = types[ti];
+            const size_t rb = hs_row_bytes(type, cols);
+            char *q = malloc(rb * R);
+            for (int r = 0; r < R; r++) {
+                if (type == HS_Q8_0) hs_quantize_row_q8_0(w + r * cols, (block_q8_0 *)(q + r * rb), cols);
+                if (type == HS_Q4_0) hs_quantize_row_q4_0(w + r * cols, (block_q4_0 *)(q + r * rb), cols);
+                if (type == HS_Q4_1) {
+                    block_q4_1 *b = (block_q4_1 *)(q + r * rb);
+                    for (int j = 0; j < cols / HS_QK; j++) {
+                        b[j].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(seed));
+                        b[j].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(seed));
+                        for (int e = 0; e < HS_QK / 2; e++) b[j].qs[e] = (uint8_t)(*seed = *seed * 1103515245u + 12345u) >> 3;
+                    }
+                }
+            }
+            hs_mat mat = {type, R, cols, rb, q};
+            for (int v = 0; v < NAMES; v++) {
+                const hs_kernels *k = hs_kernels_by_name(names[v]);
+                if (!k) continue;
+                const int batches[] = {1, 6, N};
+                for (int bi = 0; bi < 3; bi++) {
+                    const int n = batches[bi];
+                    if (k->wide && n >= hs_wide_min_rows()) continue;
+                    hs_matmul(pool, &hs_kernels_ref, 1, &mat, n, x, expect);
+                    hs_matmul(pool, k, 0, &mat, n, x, got);
+                    float scale = 0, worst = 0;
+                    for (int i = 0; i < n * R; i++) scale = fmaxf(scale, fabsf(expect[i]));
+                    for (int i = 0; i < n * R; i++)
+                        worst = fmaxf(worst, fabsf(got[i] - expect[i]) / (1e-4f * scale + 1e-4f * fabsf(expect[i])));
+                    char what[64];
+                    snprintf(what, sizeof what, "matmul type %d, %d blocks, %d rows", type, cols / HS_QK, n);
+                    check(worst <= 1.0f, what, k->name);
+                }
+            }
+            free(q);
+        }
+        free(w); free(x); free(expect); free(got);
+    }
+}
+
 int main(void) {
     /* 544 columns: 17 blocks, a partial group for the packed x86 layout (and an odd count for
      * amx's int8 tile pipeline); 1, 3, 6, 21 and 40 activation rows: the one-row products, an
@@ -405,6 +460,7 @@ int main(void) {
             }
         }
     }
+    test_partial_groups(three, &seed);
     int skipped = 0;
     for (int v = 0; v < NAMES; v++) {
         if (hs_kernels_by_name(names[v])) {
