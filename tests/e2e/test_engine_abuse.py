@@ -258,7 +258,9 @@ def test_chat_logprobs_have_openai_shape(client):
                                            temperature=0, logprobs=True, top_logprobs=4)
     choice = reply.choices[0]
     content = choice.logprobs.content
-    assert len(content) == reply.usage.completion_tokens == 12
+    # one entry per token: all 12, or fewer where the answer ended by itself
+    assert len(content) == reply.usage.completion_tokens > 0
+    assert len(content) == 12 or choice.finish_reason == "stop"
     assert "".join(t.token for t in content) == choice.message.content
     for entry in content:
         assert len(entry.top_logprobs) == 4
@@ -336,19 +338,17 @@ def token_id_of(token: str) -> int:
     return ids[0]
 
 
-@pytest.mark.parametrize("kind", ["presence_penalty", "frequency_penalty"])
-def test_penalties_lower_repeated_tokens_by_their_definition(client, kind):
-    """Up to the first token where the penalized greedy output leaves the plain one, both saw
-    the same context, so the log-probability gap between any two tokens moves by exactly the
-    penalty's difference: presence p for a token seen, frequency f times its count."""
-    value, prompt = 2.0, "The cat sat on the mat. The cat sat on the"
+def penalty_moves_gaps(client, prompt: str, kind: str, value: float) -> tuple[bool, int]:
+    """Up to the first token where the penalized greedy output leaves the plain one (or over the
+    whole output if it never does), both saw the same context, so the log-probability gap
+    between any two tokens moves by exactly the penalty's difference: presence p for a token
+    seen, frequency f times its count. (whether it left the plain output, pairs checked)"""
     plain, plain_tops = completion_lp(client, prompt)
     penalized, penalized_tops = completion_lp(client, prompt, **{kind: value})
-    # Greedy, the plain output repeats "The cat sat on the"; penalized, it leaves it.
-    assert penalized != plain
-    diverged = next(i for i, (a, b) in enumerate(zip(plain, penalized, strict=True)) if a != b)
+    diverged = next((i for i, (a, b) in enumerate(zip(plain, penalized, strict=True)) if a != b),
+                    None)
     checked = 0
-    for step in range(diverged + 1):
+    for step in range(len(plain) if diverged is None else diverged + 1):
         seen = plain[:step]
 
         def penalty(token, seen=seen):
@@ -361,12 +361,21 @@ def test_penalties_lower_repeated_tokens_by_their_definition(client, kind):
             expected = (plain_tops[step][token] - plain_tops[step][base]
                         - penalty(token) + penalty(base))
             got = penalized_tops[step][token] - penalized_tops[step][base]
-            assert got == pytest.approx(expected, abs=2e-3), (step, token)
+            assert got == pytest.approx(expected, abs=2e-3), (value, step, token)
             checked += 1
+    return diverged is not None, checked
+
+
+@pytest.mark.parametrize("kind", ["presence_penalty", "frequency_penalty"])
+def test_penalties_lower_repeated_tokens_by_their_definition(client, kind):
+    prompt = "The cat sat on the mat. The cat sat on the"
+    # Greedy, the plain output repeats "The cat sat on the"; penalized, it leaves it.
+    left, checked = penalty_moves_gaps(client, prompt, kind, 2.0)
+    assert left and checked > 10
+    # A negative penalty raises the seen tokens by the same definition (encourages repetition;
+    # the plain output already repeats, so the penalized one may well stay the same).
+    _, checked = penalty_moves_gaps(client, prompt, kind, -2.0)
     assert checked > 10
-    # A negative penalty encourages repetition instead.
-    encouraged, _ = completion_lp(client, prompt, **{kind: -2.0})
-    assert len(set(encouraged)) < len(set(plain))
 
 
 def test_top_k_minus_one_means_off(client):
