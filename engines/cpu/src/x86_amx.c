@@ -149,10 +149,12 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
     if (j == 0) group_rows(kind, w, wstride, rows, nb, b / GROUP, grp);
     const uint8_t *at = grp + (size_t)(j % 4) * 64 + (size_t)(j / 4) * 16;
     for (int r = 0; r < AMX_M; r += 4) {
-        if (WIDE8_AHEAD && b % 4 == 0) /* four blocks' quants: 64 bytes (q4) or 128 (q8) a row */
+        /* four blocks' quants: 64 bytes (q4) or 128 (q8) a row, as far ahead in blocks for both
+         * (a group of 16: all of the next group's lines are in by its first block) */
+        if (WIDE8_AHEAD && b % 4 == 0)
             for (int i = 0; i < 4; i++) {
                 const char *p = (const char *)w + (size_t)(r + i < rows ? r + i : 0) * wstride
-                              + (size_t)b * qbytes + WIDE8_AHEAD;
+                              + (size_t)b * qbytes + WIDE8_AHEAD * (qbytes / 16);
                 _mm_prefetch(p, PF_HINT);
                 if (kind == Q8_0) _mm_prefetch(p + 64, PF_HINT);
             }
@@ -284,7 +286,8 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
                 const char *next = (const char *)rows + (size_t)(AMX_M + i) * wstride;
                 for (size_t at = 0; at < tail; at += 64)
                     _mm_prefetch(next + (size_t)nb * qbytes + at, PF_HINT);
-                for (size_t at = 0; at < WIDE8_AHEAD; at += 64) _mm_prefetch(next + at, PF_HINT);
+                for (size_t at = 0; at < WIDE8_AHEAD * (qbytes / 16); at += 64)
+                    _mm_prefetch(next + at, PF_HINT);
             }
         for (int c = 0; c < groups; c++)
             strip(kind, nb, rows, wstride, nrows - r < AMX_M ? nrows - r : AMX_M,
