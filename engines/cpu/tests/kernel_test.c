@@ -247,6 +247,26 @@ static void test_attend_rows(const hs_kernels *k, const hs_kernels *ref, unsigne
  * of the reference's 8-bit activations (measured: about half of it, rms and worst), every output
  * finite. Shapes: partial weight strips (36, 50 rows), partial activation pairs and groups (50,
  * 130 rows), one K block (544 columns) and several (3104: 97 chunks, four blocks). */
+/* rows x cols weights w as `type` rows (hs_row_bytes apart, malloc'd): q8_0 and q4_0 quantized
+ * from w, q4_1 with random nibbles, scales and minimums (drawn from seed). */
+static char *quantized_rows(int type, const float *w, int rows, int cols, unsigned *seed) {
+    const size_t rb = hs_row_bytes(type, cols);
+    char *q = malloc(rb * rows);
+    for (int r = 0; r < rows; r++) {
+        if (type == HS_Q8_0) hs_quantize_row_q8_0(w + r * cols, (block_q8_0 *)(q + r * rb), cols);
+        if (type == HS_Q4_0) hs_quantize_row_q4_0(w + r * cols, (block_q4_0 *)(q + r * rb), cols);
+        if (type == HS_Q4_1) {
+            block_q4_1 *b = (block_q4_1 *)(q + r * rb);
+            for (int j = 0; j < cols / HS_QK; j++) {
+                b[j].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(seed));
+                b[j].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(seed));
+                for (int e = 0; e < HS_QK / 2; e++) b[j].qs[e] = (uint8_t)(*seed = *seed * 1103515245u + 12345u) >> 3;
+            }
+        }
+    }
+    return q;
+}
+
 static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
     const int shapes[][3] = {{36, 544, 50}, {50, 3104, 130}, {16, 1056, 64}};
     const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
@@ -261,19 +281,7 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
         for (int ti = 0; ti < 3; ti++) {
             const int type = types[ti];
             const size_t rb = hs_row_bytes(type, cols);
-            char *q = malloc(rb * rows);
-            for (int r = 0; r < rows; r++) {
-                if (type == HS_Q8_0) hs_quantize_row_q8_0(w + r * cols, (block_q8_0 *)(q + r * rb), cols);
-                if (type == HS_Q4_0) hs_quantize_row_q4_0(w + r * cols, (block_q4_0 *)(q + r * rb), cols);
-                if (type == HS_Q4_1) {
-                    block_q4_1 *b = (block_q4_1 *)(q + r * rb);
-                    for (int j = 0; j < cols / HS_QK; j++) {
-                        b[j].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(seed));
-                        b[j].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(seed));
-                        for (int e = 0; e < HS_QK / 2; e++) b[j].qs[e] = (uint8_t)(*seed = *seed * 1103515245u + 12345u) >> 3;
-                    }
-                }
-            }
+            char *q = quantized_rows(type, w, rows, cols, seed);
             double scale = 0;
             for (int r = 0; r < rows; r++) {
                 hs_dequantize_row(type, q + r * rb, deq, cols);
@@ -321,19 +329,7 @@ static void test_partial_groups(hs_pool *pool, unsigned *seed) {
         for (int ti = 0; ti < 3; ti++) {
             const int type = types[ti];
             const size_t rb = hs_row_bytes(type, cols);
-            char *q = malloc(rb * R);
-            for (int r = 0; r < R; r++) {
-                if (type == HS_Q8_0) hs_quantize_row_q8_0(w + r * cols, (block_q8_0 *)(q + r * rb), cols);
-                if (type == HS_Q4_0) hs_quantize_row_q4_0(w + r * cols, (block_q4_0 *)(q + r * rb), cols);
-                if (type == HS_Q4_1) {
-                    block_q4_1 *b = (block_q4_1 *)(q + r * rb);
-                    for (int j = 0; j < cols / HS_QK; j++) {
-                        b[j].d = hs_fp32_to_fp16(0.05f + 0.05f * frand(seed));
-                        b[j].m = hs_fp32_to_fp16(-0.4f + 0.2f * frand(seed));
-                        for (int e = 0; e < HS_QK / 2; e++) b[j].qs[e] = (uint8_t)(*seed = *seed * 1103515245u + 12345u) >> 3;
-                    }
-                }
-            }
+            char *q = quantized_rows(type, w, R, cols, seed);
             hs_mat mat = {type, R, cols, rb, q};
             for (int v = 0; v < NAMES; v++) {
                 const hs_kernels *k = hs_kernels_by_name(names[v]);
