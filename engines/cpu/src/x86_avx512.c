@@ -29,7 +29,8 @@
                               * a q4_0 row's lines came in on demand) */
 
 /* An activation row: ng groups (what every product reads), then each group's q4_1 block sums
- * (float[16]), kept apart so that they cost the other products no cache space. */
+ * (float[16]), kept apart so that they cost the other products no cache space, then act_tail's
+ * 128 bytes. */
 typedef struct {
     int8_t lo[4][64];  /* chunk k, lane j: elements 4k..4k+3 of block j */
     int8_t hi[4][64];  /* elements 16 + 4k..16 + 4k + 3 */
@@ -41,8 +42,8 @@ HS_STATIC_ASSERT(sizeof(act_group) == 640, "activation groups stay 64-byte align
 static inline float *act_sums(const act_group *row, int ng, int g) {
     return (float *)(row + ng) + 16 * g; /* d x sum of each block */
 }
-/* A partial last group of t <= 4 blocks again, for tail_step: 64 bytes whose lane kt + j is lo[k]'s
- * lane j, then 64 the same of hi (zero past 4t lanes). */
+/* A partial last group of t <= 4 blocks again, for tail_step: 64 bytes whose lane kt + j is
+ * lo[k]'s lane j, then 64 the same of hi (zero past 4t lanes). */
 static inline int8_t *act_tail(const act_group *row, int ng) {
     return (int8_t *)act_sums(row, ng, ng);
 }
@@ -337,7 +338,7 @@ static inline __attribute__((always_inline)) void tail_step(
 }
 
 /* The sums of 8 vectors at once, each by _mm512_reduce_add_ps's own tree (GCC's: lane i + lane
- * i + 8, then i + 4, then (0 + 2) + (1 + 3)), so the same bits for a third of the operations:
+ * i + 8, then i + 4, then (0 + 2) + (1 + 3)), so the same bits for under half the operations:
  * v[r + 4c] sums into lane 4c + r of the result (r < 4, c < 2). */
 static inline __m256 reduce8x16(const __m512 v[8]) {
     __m512 h[4], q[2];
