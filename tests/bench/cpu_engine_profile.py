@@ -45,7 +45,7 @@ def worker(path: str, threads: int, prompts: list[int], batches: list[int], step
 
     pool = hc.Pool(sorted(os.sched_getaffinity(0))[:threads], threads, pin_caller=True)
     model, config, _ = load_model(path, pool)
-    sequences, per_seq = max(batches), -(-(max(prompts) + 64) // 16)
+    sequences, per_seq = max(batches, default=1), -(-(max(prompts, default=0) + 64) // 16)
     model.alloc_kv(per_seq * sequences, 16)
     tables = memoryview(array("i", range(per_seq * sequences))).cast("B").cast(
         "i", (sequences, per_seq))

@@ -117,6 +117,7 @@ SHAPES = {  # (layers, width, heads, kv heads, ffn)
     "135m": (30, 576, 9, 3, 1536),        # SmolLM2-135M's shape
     "1.1b": (22, 2048, 32, 8, 5632),      # TinyLlama's shape
     "8b": (32, 4096, 32, 8, 14336),       # Llama-3-8B's shape
+    "qwen0.5b": (24, 896, 14, 2, 4864),   # Qwen2.5-0.5B's (as llama): 4864 = 9 x 16 + 8 blocks
 }
 
 
@@ -221,7 +222,7 @@ def model_path(spec: str, tokenizer: str | None) -> tuple[str, Path]:
     if shape == "smollm2":
         return f"SmolLM2-135M {kind}", quantized_smollm2(kind)
     name = {"135m": "SmolLM2-shaped 135M", "1.1b": "llama-shaped 1.1B",
-            "8b": "Llama-3-8B-shaped"}.get(shape, shape)
+            "8b": "Llama-3-8B-shaped", "qwen0.5b": "Qwen2.5-0.5B-shaped"}.get(shape, shape)
     return f"{name} {kind} (synthetic)", synthetic(shape, kind, tokenizer)
 
 

@@ -214,17 +214,11 @@ static inline __attribute__((always_inline)) void scale_step(
     }
 }
 
-/* The integer steps of a partial last group of at most 8 blocks run on its 8 lanes only (256
- * bits: half the work; the other lanes stay 0, as the full width would leave them). */
-#define LOADQ(p) (half ? _mm512_zextsi256_si512(_mm256_maskz_loadu_epi8((__mmask32)qm, (p)))     \
-                       : t == GROUP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(qm, (p)))
-#define LOADA(p) (half ? _mm512_zextsi256_si512(_mm256_load_si256((const __m256i *)(p)))         \
-                       : _mm512_load_si512(p))
-#define DPBUSD(s, w, y)                                                                         \
-    (half ? _mm512_zextsi256_si512(_mm256_dpbusd_epi32(_mm512_castsi512_si256(s),                \
-                                                       _mm512_castsi512_si256(w),                \
-                                                       _mm512_castsi512_si256(y)))               \
-          : _mm512_dpbusd_epi32((s), (w), (y)))
+/* A chunk of a group of t blocks: whole groups load without a mask, a partial last group's
+ * past its 4t bytes reads zeros. */
+static inline __attribute__((always_inline)) __m512i load_chunk(const int t, __mmask64 qm, const uint8_t *p) {
+    return t == GROUP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(qm, p);
+}
 
 /* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
  * load without masks) of R weight rows x C activation rows into the tile's accumulators: chunk
@@ -232,26 +226,20 @@ static inline __attribute__((always_inline)) void scale_step(
  * chunk loaded once the R weight rows, the 16-block integer sums held in registers; then per
  * pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
 static inline __attribute__((always_inline)) void group_step(
-    const int kind, const int R, const int C, int g, const int t, const int half, int nb,
-    const uint8_t *w, size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
+    const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
     const act_group *y[2];
     for (int c = 0; c < C; c++)
         y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
-    /* one or two pairs (a single token's product): the high halves' sums in a second chain,
-     * so that each waits on four vpdpbusd instead of eight (integers: the same sums) */
-    const int split = R * C <= 2;
-    __m512i s[4][2], s2[4][2];
+    __m512i s[4][2];
     for (int c = 0; c < C; c++) {
         const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
                           : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
                                          : _mm512_load_si512(y[c]->off4);
-        for (int r = 0; r < R; r++) {
-            s[r][c] = off;
-            s2[r][c] = _mm512_setzero_si512();
-        }
+        for (int r = 0; r < R; r++) s[r][c] = off;
     }
     for (int k = 0; k < 4; k++) {
         __m512i wl[4], wh[4];
@@ -262,33 +250,24 @@ static inline __attribute__((always_inline)) void group_step(
                 /* the stream runs ahead of the hardware prefetcher's reach between tiles */
                 _mm_prefetch((const char *)lo + PREFETCH, PF_HINT);
                 _mm_prefetch((const char *)hi + PREFETCH, PF_HINT);
-                wl[r] = LOADQ(lo);
-                wh[r] = LOADQ(hi);
+                wl[r] = load_chunk(t, qm, lo);
+                wh[r] = load_chunk(t, qm, hi);
             } else {
                 const uint8_t *p = q + (size_t)k * 4 * t;
                 _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
-                const __m512i raw = LOADQ(p);
+                const __m512i raw = load_chunk(t, qm, p);
                 wl[r] = _mm512_and_si512(raw, low4);
                 wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
             }
         }
         for (int c = 0; c < C; c++) {
-            const __m512i ylo = LOADA(y[c]->lo[k]), yhi = LOADA(y[c]->hi[k]);
-            for (int r = 0; r < R; r++) {
-                s[r][c] = DPBUSD(s[r][c], wl[r], ylo);
-                if (split) s2[r][c] = DPBUSD(s2[r][c], wh[r], yhi);
-                else s[r][c] = DPBUSD(s[r][c], wh[r], yhi);
-            }
+            const __m512i ylo = _mm512_load_si512(y[c]->lo[k]), yhi = _mm512_load_si512(y[c]->hi[k]);
+            for (int r = 0; r < R; r++)
+                s[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r][c], wl[r], ylo), wh[r], yhi);
         }
     }
-    if (split)
-        for (int r = 0; r < R; r++)
-            for (int c = 0; c < C; c++) s[r][c] = _mm512_add_epi32(s[r][c], s2[r][c]);
     scale_step(kind, R, C, g, t, nb, w, wstride, a, astride, s, acc);
 }
-#undef LOADQ
-#undef LOADA
-#undef DPBUSD
 
 /* A partial last group of at most 4 blocks: its weight chunks lie together (16t bytes for q4,
  * the 16t of elements 0..15 then the 16t of 16..31 for q8_0) and are read as one vector whose
@@ -367,13 +346,11 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
     for (int g = 0; g < full; g++)
-        group_step(kind, R, C, g, GROUP, 0, nb, w, wstride, a, astride, acc);
+        group_step(kind, R, C, g, GROUP, nb, w, wstride, a, astride, acc);
     if (full < ng && nb - full * GROUP <= 4)
         tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
-    else if (full < ng && nb - full * GROUP <= 8)
-        group_step(kind, R, C, full, nb - full * GROUP, 1, nb, w, wstride, a, astride, acc);
     else if (full < ng)
-        group_step(kind, R, C, full, nb - full * GROUP, 0, nb, w, wstride, a, astride, acc);
+        group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
     if (R == 4 && C == 2) {
         __m512 v[8];
         for (int r = 0; r < 4; r++)

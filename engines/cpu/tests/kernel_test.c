@@ -312,9 +312,9 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
     }
 }
 
-/* Products of rows whose last group of 16 blocks (the packed x86 layout's) is partial in the
- * other two ways than main's 17 blocks (16 + 1): 22 blocks (16 + 6: the 256-bit partial group,
- * q8_0's chunks side by side) and 29 (16 + 13: the full-width masked one), at 1, 6 and 21
+/* Products of rows whose last group of 16 blocks (the packed x86 layout's) is partial in
+ * other ways than main's 17 blocks (16 + 1, the one-vector tail): 22 blocks (16 + 6: masked
+ * loads with q8_0's chunks side by side) and 29 (16 + 13), at 1, 6 and 21
  * activation rows (amx: 21 is one group of 16 on the int8 tile unit plus 5 on the register
  * tiles), against the reference with main's tolerance. */
 static void test_partial_groups(hs_pool *pool, unsigned *seed) {
