@@ -57,9 +57,12 @@ typedef struct {
      * whenever m[g] grows. Start from m = -inf, l = 0, acc = 0; the result is acc[g] / l[g]. */
     void (*attend_f16)(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                        const hs_fp16 *const *v, int count, float *m, float *l, float *acc);
-    /* Optional: gate[j] = gate[j] / (1 + exp(-gate[j])) * up[j] for j < n (model.c's scalar
-     * loop where absent, and for steps of under 16 tokens). */
+    /* Optional: gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j] for j < n, bit for bit as
+     * model.c's scalar loop (glibc's expf), which serves where it is absent. */
     void (*swiglu)(size_t n, float *gate, const float *up);
+    /* Optional: the same formula with a faster exp whose bits differ, for steps of 16 tokens
+     * or more (model.c: those whose products differ from avx512vnni's anyway). */
+    void (*swiglu_wide)(size_t n, float *gate, const float *up);
     /* Optional, together: the attention of a prefill chunk, several tokens' heads per K/V row.
      * attend_pack converts positions [from, count) of one KV head's cached rows (k[p], v[p]: hd
      * fp16 each) into the variant's layout in buf, attend_bytes(hd, count) bytes (what was

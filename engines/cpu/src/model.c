@@ -704,16 +704,21 @@ static void attn_combine(void *p, int ith, int nth) {
  * elements are split across the pool and the few rows quantized after it. */
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
-/* The kernels' vector SwiGLU (k->swiglu) serves steps of SWIGLU_VECTOR_MIN tokens or more: from
- * there amx computes its products on the tile unit, so its results differ from avx512vnni's
- * anyway, while a decode step of fewer sequences stays bit for bit avx512vnni's (scalar expf),
- * which the exact KV hand-off relies on (prefill/exact.py). */
+/* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more:
+ * from there amx computes its products on the tile unit, so its results differ from
+ * avx512vnni's anyway, while a decode step of fewer sequences stays bit for bit avx512vnni's
+ * (k->swiglu, or the scalar loop: glibc's expf), which the exact KV hand-off relies on
+ * (prefill/exact.py). */
 #define SWIGLU_VECTOR_MIN 16
 
 static void swiglu_range(const swiglu_ctx *t, float *gate, const float *up, size_t begin,
                          size_t end) {
     if (end <= begin) return;
-    if (t->m->k->swiglu && t->n >= SWIGLU_VECTOR_MIN) {
+    if (t->m->k->swiglu_wide && t->n >= SWIGLU_VECTOR_MIN) {
+        t->m->k->swiglu_wide(end - begin, gate + begin, up + begin);
+        return;
+    }
+    if (t->m->k->swiglu) {
         t->m->k->swiglu(end - begin, gate + begin, up + begin);
         return;
     }

@@ -706,7 +706,7 @@ static void attend_rows(int hd, int nq, float scale, const float *const *q, cons
 }
 
 /* gate[j] = silu(gate[j]) * up[j] = gate[j] / (1 + e^-gate[j]) * up[j], 16 at a time. */
-static void swiglu(size_t n, float *gate, const float *up) {
+static void swiglu_wide(size_t n, float *gate, const float *up) {
     size_t j = 0;
     const __m512 one = _mm512_set1_ps(1.0f);
     for (; j + 16 <= n; j += 16) {
@@ -728,7 +728,7 @@ static const hs_kernels table = {
     .wide_group_bytes = wide_group_bytes,
     .wide_pack = wide_pack,
     .wide = wide,
-    .swiglu = swiglu,
+    .swiglu_wide = swiglu_wide,
     .attend_bytes = attend_bytes,
     .attend_pack = attend_pack,
     .attend_rows = attend_rows,
