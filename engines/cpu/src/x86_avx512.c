@@ -186,7 +186,7 @@ enum { Q4_0, Q4_1, Q8_0 };
  * lanes past t meet zero scales (masked loads, zero-padded activations) and add +0. */
 static inline __attribute__((always_inline)) void scale_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512i s[4][2], __m512 acc[4][2]) {
+    size_t wstride, const act_group *a, size_t astride, __m512i s[4][4], __m512 acc[4][4]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __mmask16 dm = (__mmask16)((1u << t) - 1);
@@ -220,51 +220,68 @@ static inline __attribute__((always_inline)) __m512i load_chunk(const int t, __m
     return t == GROUP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(qm, p);
 }
 
+/* Chunk k of one weight row's group q of t blocks, as the two vectors vpdpbusd takes: q8_0's
+ * low and high halves (elements 4k.. and 16 + 4k..), q4's low and high nibbles. */
+static inline __attribute__((always_inline)) void weight_chunk(const int kind, const int t,
+                                                               __mmask64 qm, const uint8_t *q,
+                                                               int k, __m512i *wl, __m512i *wh) {
+    if (kind == Q8_0) {
+        const uint8_t *lo = q + q8_lo(t, k), *hi = lo + q8_hi(t);
+        /* the stream runs ahead of the hardware prefetcher's reach between tiles */
+        _mm_prefetch((const char *)lo + PREFETCH, PF_HINT);
+        _mm_prefetch((const char *)hi + PREFETCH, PF_HINT);
+        *wl = load_chunk(t, qm, lo);
+        *wh = load_chunk(t, qm, hi);
+    } else {
+        const uint8_t *p = q + (size_t)k * 4 * t;
+        _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
+        const __m512i raw = load_chunk(t, qm, p), low4 = _mm512_set1_epi8(0x0f);
+        *wl = _mm512_and_si512(raw, low4);
+        *wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    }
+}
+
 /* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
  * load without masks) of R weight rows x C activation rows into the tile's accumulators: chunk
- * by chunk, each weight chunk unpacked once serves the C activation rows and each activation
- * chunk loaded once the R weight rows, the 16-block integer sums held in registers; then per
- * pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
+ * by chunk, the C activation chunks loaded once for the R weight rows, each weight chunk
+ * unpacked once and used for the C activation rows right away (few registers live: the
+ * 16-block integer sums stay in registers), then per pair one convert, one multiply and one
+ * FMA (q4_1: a second FMA, its minimums). */
 static inline __attribute__((always_inline)) void group_step(
     const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
     const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
-    const act_group *y[2];
+    const act_group *y[4];
     for (int c = 0; c < C; c++)
         y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
-    __m512i s[4][2];
+    __m512i s[4][4];
     for (int c = 0; c < C; c++) {
         const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
                           : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
                                          : _mm512_load_si512(y[c]->off4);
         for (int r = 0; r < R; r++) s[r][c] = off;
     }
+    /* q8_0 and 2 x 4 tiles: each weight row's chunk used right away (few registers live);
+     * q4 in 4 x 2 tiles: the four rows' chunks unpacked first (measured faster there) */
+    const int streamed = kind == Q8_0 || C > 2;
     for (int k = 0; k < 4; k++) {
-        __m512i wl[4], wh[4];
+        __m512i ylo[4], yhi[4], wl[4], wh[4];
+        for (int c = 0; c < C; c++)
+            ylo[c] = _mm512_load_si512(y[c]->lo[k]), yhi[c] = _mm512_load_si512(y[c]->hi[k]);
         for (int r = 0; r < R; r++) {
-            const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
-            if (kind == Q8_0) {
-                const uint8_t *lo = q + q8_lo(t, k), *hi = lo + q8_hi(t);
-                /* the stream runs ahead of the hardware prefetcher's reach between tiles */
-                _mm_prefetch((const char *)lo + PREFETCH, PF_HINT);
-                _mm_prefetch((const char *)hi + PREFETCH, PF_HINT);
-                wl[r] = load_chunk(t, qm, lo);
-                wh[r] = load_chunk(t, qm, hi);
-            } else {
-                const uint8_t *p = q + (size_t)k * 4 * t;
-                _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
-                const __m512i raw = load_chunk(t, qm, p);
-                wl[r] = _mm512_and_si512(raw, low4);
-                wh[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
-            }
+            weight_chunk(kind, t, qm, w + (size_t)r * wstride + (size_t)g * GROUP * qbytes, k,
+                         &wl[r], &wh[r]);
+            if (streamed)
+                for (int c = 0; c < C; c++)
+                    s[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r][c], wl[r], ylo[c]),
+                                                  wh[r], yhi[c]);
         }
-        for (int c = 0; c < C; c++) {
-            const __m512i ylo = _mm512_load_si512(y[c]->lo[k]), yhi = _mm512_load_si512(y[c]->hi[k]);
-            for (int r = 0; r < R; r++)
-                s[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r][c], wl[r], ylo), wh[r], yhi);
-        }
+        if (!streamed)
+            for (int c = 0; c < C; c++)
+                for (int r = 0; r < R; r++)
+                    s[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(s[r][c], wl[r], ylo[c]),
+                                                  wh[r], yhi[c]);
     }
     scale_step(kind, R, C, g, t, nb, w, wstride, a, astride, s, acc);
 }
@@ -277,7 +294,7 @@ static inline __attribute__((always_inline)) void group_step(
  * that meet zero scales. */
 static inline __attribute__((always_inline)) void tail_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][2]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __m512i low4 = _mm512_set1_epi8(0x0f), lane = _mm512_setr_epi32(
@@ -285,7 +302,7 @@ static inline __attribute__((always_inline)) void tail_step(
     const __m512i down2 = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * t)),
                   down1 = _mm512_add_epi32(lane, _mm512_set1_epi32(t)); /* (mod 16) */
     const __mmask64 qm = t == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
-    __m512i wl[4], wh[4], s[4][2];
+    __m512i wl[4], wh[4], s[4][4];
     for (int r = 0; r < R; r++) {
         const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
         _mm_prefetch((const char *)q + PREFETCH, PF_HINT); /* as group_step's (a row's last lines) */
@@ -341,7 +358,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,
                                                        float *out, size_t ostride) {
-    __m512 acc[4][2];
+    __m512 acc[4][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
@@ -351,23 +368,36 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
     else if (full < ng)
         group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
-    if (R == 4 && C == 2) {
+    if (R * C == 8) { /* 4 x 2 or 2 x 4: lane r + R c of the sums holds pair (r, c) */
         __m512 v[8];
-        for (int r = 0; r < 4; r++)
-            for (int c = 0; c < 2; c++) v[r + 4 * c] = acc[r][c];
+        for (int r = 0; r < R; r++)
+            for (int c = 0; c < C; c++) v[r + R * c] = acc[r][c];
         const __m256 sums = reduce8x16(v);
-        _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
-        _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
+        if (R == 4) {
+            _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
+            _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
+        } else {
+            const __m128 lo = _mm256_castps256_ps128(sums), hi = _mm256_extractf128_ps(sums, 1);
+            _mm_storel_pi((__m64 *)out, lo);
+            _mm_storeh_pi((__m64 *)(out + ostride), lo);
+            _mm_storel_pi((__m64 *)(out + 2 * ostride), hi);
+            _mm_storeh_pi((__m64 *)(out + 3 * ostride), hi);
+        }
         return;
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) out[(size_t)c * ostride + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* Up to 4 weight rows x 4 activation rows a call, as 4 x 2 register tiles (more would not fit
- * the 32 registers: each pair holds an integer sum and an accumulator through a group): each
- * weight chunk unpacked once serves two activation rows, each activation chunk four weight
- * rows. */
+/* Up to 4 weight rows x 4 activation rows a call. Eight pairs at most fit the 32 registers
+ * (each holds an integer sum and an accumulator through a group). Narrow rows (under 32
+ * blocks, as model.c's tile_rows) with 4 activation rows take 2 x 4 tiles, each weight chunk
+ * unpacked once serving four activation rows and each activation chunk loaded once two weight
+ * rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On the 2-core VM the 2 x 4
+ * tiles made SmolLM2's 576-column products 11-20 % faster in the model (1536 x 576, in cache
+ * alone: q4_0 +18 %, q8_0 +56 %), but wider rows slower: its 1536-column down projection
+ * 16-19 %, the 1.1B's prefill and 16-sequence decode 13-15 % (cpu_engine_profile --baseline,
+ * docs/benchmarks.md). */
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
@@ -378,6 +408,12 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
              astride, out + 2 * ostride, ostride);                                             \
         return;                                                                                \
     default:                                                                                   \
+        if ((R == 4 || R == 2) && nb < 32) {                                                   \
+            tile(KIND, 2, 4, nb, w, wstride, y, astride, out, ostride);                        \
+            if (R == 4)                                                                        \
+                tile(KIND, 2, 4, nb, w + 2 * wstride, wstride, y, astride, out + 2, ostride);  \
+            return;                                                                            \
+        }                                                                                      \
         tile(KIND, R, 2, nb, w, wstride, y, astride, out, ostride);                                 \
         tile(KIND, R, 2, nb, w, wstride, (const act_group *)((const char *)y + 2 * astride),    \
              astride, out + 2 * ostride, ostride);                                             \
