@@ -7,12 +7,12 @@ The main benchmark (cpu_engine_vs_llamacpp) decodes from the first positions of 
 here one sequence is first filled to each depth, then 16 tokens are decoded and timed (tok/s). The
 peer is llama.cpp's own `llama-bench -p 0 -n 16 -d DEPTHS -r 1 -lm none` (it fills the context by
 prefill, as heteroserve does here in chunks of 256, then times the decode). The fairness rules of
-cpu_engine_vs_llamacpp apply: one process per sample, the engines alternating A B A B ...
-(llama.cpp first), medians over `--pairs` pairs with the per-pair ratio range beside each ratio,
-the same huge-page policy for both. Default models: SmolLM2-135M q4_0 and the synthetic 1.1B q4_0
-of the main benchmark. With `--baseline REV` the CPU engine of revision REV
-(tests/bench/baseline.py) runs too, third in each round, and a row gives the working tree's rate
-over REV's.
+cpu_engine_vs_llamacpp apply: one process per sample, the engines alternating in an order that
+rotates from pair to pair (llama.cpp first in the first), medians over `--pairs` pairs with the
+per-pair ratio range beside each ratio, the same huge-page policy for both. Default models:
+SmolLM2-135M q4_0 and the synthetic 1.1B q4_0 of the main benchmark. With `--baseline REV` the
+CPU engine of revision REV (tests/bench/baseline.py) runs too, third in the first round, and a
+row gives the working tree's rate over REV's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from tests.bench.cpu_engine_vs_llamacpp import (
     prompt_tokens,
     quantized_smollm2,
     ratio_cell,
+    rotated,
     run_sampled,
     synthetic,
 )
@@ -104,13 +105,14 @@ def main() -> int:
     models = args.model or [str(quantized_smollm2("q4_0")), str(synthetic("1.1b", "q4_0"))]
     rows = []
     for path in models:
-        samples: dict[str, list[dict[int, float]]] = {"llama.cpp": []}
-        for _ in range(args.pairs):
-            samples["llama.cpp"].append(llama_bench(args.llama_bin, path, args.threads, depths,
-                                                    env))
-            for engine, folder in engines.items():
-                samples.setdefault(engine, []).append(heteroserve_sample(
-                    path, args.threads, args.depths, baseline.env_for(env, folder)))
+        samples: dict[str, list[dict[int, float]]] = {"llama.cpp": [], **{e: [] for e in engines}}
+        for i in range(args.pairs):  # the order rotating from pair to pair (cpu_engine_vs_llamacpp)
+            for engine in rotated(samples, i):
+                samples[engine].append(
+                    llama_bench(args.llama_bin, path, args.threads, depths, env)
+                    if engine == "llama.cpp" else
+                    heteroserve_sample(path, args.threads, args.depths,
+                                       baseline.env_for(env, engines[engine])))
         rows.append((os.path.basename(path), samples))
     print("\n" + header(args.threads, args.pairs, policy, build_description(args.llama_bin),
                         f"; batch-1 decode tok/s after filling the context to each depth, "

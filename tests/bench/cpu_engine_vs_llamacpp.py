@@ -36,10 +36,13 @@ as many positions, sequence 0's block table spanning all of them and each other 
 processes do); llama-bench sizes its own context per test (at most the 2048 prompt + 0).
 
 Fairness rules (issue 12):
-- one process per measurement, the engines alternating across processes, A B A B ... (A B C
-  with ik_llama.cpp; llama.cpp first), `--pairs` pairs (triples) per model; each figure is the
-  median over its pairs, each ratio the ratio of the medians with the range of the per-pair
-  ratios beside it;
+- one process per measurement, the engines alternating across processes, the order rotating
+  from one pair (triple, with ik_llama.cpp) to the next: A B, B A, ... (A B C, B C A, C A B):
+  on the 16-core host the process that follows another engine's was at times several times
+  slower at long context (a triple's second place: 16-64 tok/s against 103-131 for the same
+  build elsewhere), so no engine keeps one place; `--pairs` pairs (triples) per model; each
+  figure is the median over its pairs, each ratio the ratio of the medians with the range of
+  the per-pair ratios beside it;
 - the same huge-page policy for all: where transparent huge pages are `always`, all get them;
   otherwise (`madvise`, which llama.cpp never asks for, nor ik_llama.cpp without its `-thp`)
   heteroserve runs with HETEROSERVE_HUGEPAGES=0, so all run on 4 KiB pages; the AnonHugePages
@@ -111,6 +114,12 @@ def quantized_smollm2(kind: str) -> Path:
         if rc != 0:
             raise RuntimeError(f"llama.cpp quantize failed with {rc}")
     return out
+
+
+def rotated(engines, i: int) -> list:
+    """The order of pair (triple) i: the engines rotated by i places (A B, B A, ...)."""
+    engines = list(engines)
+    return engines[i % len(engines):] + engines[:i % len(engines)]
 
 
 SHAPES = {  # (layers, width, heads, kv heads, ffn)
@@ -668,12 +677,13 @@ def main() -> int:
         label, path = model_path(spec, args.tokenizer)
         settings = settings_for(spec)
         samples: dict[str, list[dict]] = {engine: [] for engine in engines}
-        for _ in range(args.pairs):
-            for peer, bin_dir in peers.items():
-                samples[peer].append(llama_tools(bin_dir, str(path), args.threads, settings, env,
-                                                 ik=peer == "ik_llama.cpp"))
-            samples["heteroserve"].append(heteroserve_sample(str(path), args.threads, settings,
-                                                             env))
+        for i in range(args.pairs):
+            for engine in rotated(engines, i):
+                samples[engine].append(
+                    heteroserve_sample(str(path), args.threads, settings, env)
+                    if engine == "heteroserve" else
+                    llama_tools(peers[engine], str(path), args.threads, settings, env,
+                                ik=engine == "ik_llama.cpp"))
         rows.append((label, settings, samples))
         print(f"done: {label}", file=sys.stderr, flush=True)
     first = rows[0][2]["heteroserve"][0]
