@@ -38,9 +38,10 @@ processes do); llama-bench sizes its own context per test (at most the 2048 prom
 Fairness rules (issue 12):
 - one process per measurement, the engines alternating across processes, the order rotating
   from one pair (triple, with ik_llama.cpp) to the next: A B, B A, ... (A B C, B C A, C A B):
-  on the 16-core host the process that follows another engine's was at times several times
-  slower at long context (a triple's second place: 16-64 tok/s against 103-131 for the same
-  build elsewhere), so no engine keeps one place; `--pairs` pairs (triples) per model; each
+  on the 16-core host the process in a triple's second place (after llama.cpp's) was at times
+  several times slower at long context (one build: 16.4, 63.8 and 130.5 tok/s at 2048 positions
+  there, while the third place held 108-114 whichever build ran in it), so no engine keeps one
+  place; `--pairs` pairs (triples) per model; each
   figure is the median over its pairs, each ratio the ratio of the medians with the range of
   the per-pair ratios beside it;
 - the same huge-page policy for all: where transparent huge pages are `always`, all get them;

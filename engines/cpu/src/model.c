@@ -72,7 +72,7 @@ void *hs_alloc_large(size_t bytes) {
 
 /* Activation rows from which a product goes to the kernel's bf16 matrix-unit path (wide), where
  * it has one: HETEROSERVE_WIDE_MIN (>= 2), else WIDE_MIN. Below it, the int8 tile products
- * (wide8, from 16 rows) and the 4x2 register tiles. The bf16 path dequantizes every weight of a
+ * (wide8, from 16 rows) and the register tiles. The bf16 path dequantizes every weight of a
  * product once, whatever its rows. On the 16-core host (tests/bench/cpu_engine_profile) it took
  * 277 ms for an 8B step of 16 sequences against the int8 tiles' 136 ms (cpu_engine_vs_llamacpp),
  * and prefilled 2.2x the register tiles' rate; 48 is an estimate from single-core costs on the

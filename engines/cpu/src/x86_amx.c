@@ -1,5 +1,5 @@
 /* AVX-512 VNNI + AMX (Sapphire Rapids and later): the avx512vnni variant - same packed weights
- * and activations, same 4x2 register tiles for one to a few activation rows - with the products
+ * and activations, same register tiles for one to a few activation rows - with the products
  * of more activation rows on the tile unit, two ways (model.c picks by the number of rows):
  *
  * int8 (wide8_*, from 16 rows): one tdpbusd multiplies 16 weight rows by 16 activation rows over

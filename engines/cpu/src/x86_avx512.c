@@ -220,7 +220,7 @@ static inline __attribute__((always_inline)) __m512i load_chunk(const int t, __m
     return t == GROUP ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(qm, p);
 }
 
-/* Chunk k of one weight row's group q of t blocks, as the two vectors vpdpbusd takes: q8_0's
+/* Chunk k of one weight row's group of t blocks (at q), as the two vectors vpdpbusd takes: q8_0's
  * low and high halves (elements 4k.. and 16 + 4k..), q4's low and high nibbles. */
 static inline __attribute__((always_inline)) void weight_chunk(const int kind, const int t,
                                                                __mmask64 qm, const uint8_t *q,
@@ -243,10 +243,9 @@ static inline __attribute__((always_inline)) void weight_chunk(const int kind, c
 
 /* One group of t blocks (t == GROUP, a constant, for all but a partial last group: whole groups
  * load without masks) of R weight rows x C activation rows into the tile's accumulators: chunk
- * by chunk, the C activation chunks loaded once for the R weight rows, each weight chunk
- * unpacked once and used for the C activation rows right away (few registers live: the
- * 16-block integer sums stay in registers), then per pair one convert, one multiply and one
- * FMA (q4_1: a second FMA, its minimums). */
+ * by chunk, the C activation chunks loaded once for the R weight rows and each weight chunk
+ * unpacked once for the C activation rows (the 16-block integer sums held in registers), then
+ * per pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
 static inline __attribute__((always_inline)) void group_step(
     const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
     size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4]) {
@@ -262,8 +261,9 @@ static inline __attribute__((always_inline)) void group_step(
                                          : _mm512_load_si512(y[c]->off4);
         for (int r = 0; r < R; r++) s[r][c] = off;
     }
-    /* q8_0 and 2 x 4 tiles: each weight row's chunk used right away (few registers live);
-     * q4 in 4 x 2 tiles: the four rows' chunks unpacked first (measured faster there) */
+    /* q8_0, and tiles of more than two activation rows: each weight row's chunk used as soon as
+     * it is loaded (fewer registers live); q4 in R x 2 and R x 1 tiles: all R rows' chunks
+     * unpacked first (measured faster there) */
     const int streamed = kind == Q8_0 || C > 2;
     for (int k = 0; k < 4; k++) {
         __m512i ylo[4], yhi[4], wl[4], wh[4];
@@ -395,10 +395,10 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
  * unpacked once serving four activation rows and each activation chunk loaded once two weight
  * rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On the 2-core VM the 2 x 4
  * tiles (with q8_0's chunks used as loaded) made SmolLM2's 576-column phases up to 20 % faster
- * in the model (q4_0 3-20 %, q8_0 14-20 %; 1536 x 576 in cache alone: q4_0 +18 %, q8_0
- * +56 %), but wider rows slower: its 1536-column down projection
- * 16-26 %, the 1.1B's prefill and 16-sequence decode 13-15 % (cpu_engine_profile --baseline,
- * docs/benchmarks.md, fifth round). */
+ * in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at 256; q8_0 14-20 %;
+ * 1536 x 576 in cache alone: q4_0 +18 %, q8_0 +56 %), but wider rows slower: its 1536-column
+ * down projection 16-26 %, the 1.1B's prefill and 16-sequence decode 13-15 %
+ * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). */
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
