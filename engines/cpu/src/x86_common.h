@@ -262,6 +262,86 @@ static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
     }
 }
 
+#ifdef __AVX512F__
+/* 8 x 8 transpose: t[i] lane j <- t[j] lane i. */
+static inline void transpose8_ps(__m256 t[8]) {
+    __m256 a[8], b[8];
+    for (int i = 0; i < 4; i++) {
+        a[2 * i] = _mm256_unpacklo_ps(t[2 * i], t[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_ps(t[2 * i], t[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {
+            b[4 * i + 2 * h] = _mm256_shuffle_ps(a[4 * i + h], a[4 * i + 2 + h], 0x44);
+            b[4 * i + 2 * h + 1] = _mm256_shuffle_ps(a[4 * i + h], a[4 * i + 2 + h], 0xee);
+        }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm256_permute2f128_ps(b[i], b[4 + i], 0x20);
+        t[4 + i] = _mm256_permute2f128_ps(b[i], b[4 + i], 0x31);
+    }
+}
+
+/* attend.h's softmax_step for up to 8 rows at once, row r (r < R) over its first nr[r] scores
+ * s[r][0..): each row in its own lane, position after position, so that every row gets the very
+ * operations of softmax_step in its order (the scale, `s > max ? s : max`, expf of m - max,
+ * the rescale of l and acc, e = expf(s - max), the sum in position order, l += sum) while the 8
+ * sums' chains run side by side instead of one row's 64-deep chain at a time. Rows with no
+ * score are left as they are. Scores past a row's nr[r] are overwritten but never read. */
+static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
+                                 float (*s)[HS_ATTN_SPAN], float *m, float *l, float *const *acc) {
+    _Alignas(32) float st[HS_ATTN_SPAN][8]; /* [position][row] */
+    _Alignas(32) int lim[8] = {0};
+    _Alignas(32) float m0[8], l0[8], rs[8];
+    int n = 0;
+    for (int r = 0; r < R; r++) {
+        lim[r] = nr[r], m0[r] = m[r], l0[r] = l[r];
+        n = nr[r] > n ? nr[r] : n;
+    }
+    for (int r = R; r < 8; r++) m0[r] = 0.0f, l0[r] = 0.0f;
+    const __m256i limv = _mm256_load_si256((const __m256i *)lim);
+    const __m256 scalev = _mm256_set1_ps(scale);
+    __m256 maxv = _mm256_load_ps(m0);
+    for (int p0 = 0; p0 < n; p0 += 8) {
+        __m256 t[8];
+        for (int r = 0; r < 8; r++) t[r] = r < R ? _mm256_load_ps(s[r] + p0) : _mm256_setzero_ps();
+        transpose8_ps(t);
+        for (int i = 0; i < 8 && p0 + i < n; i++) {
+            const __mmask8 in = _mm256_cmpgt_epi32_mask(limv, _mm256_set1_epi32(p0 + i));
+            const __m256 v = _mm256_mul_ps(t[i], scalev);
+            maxv = _mm256_mask_max_ps(maxv, in, v, maxv); /* vmaxps: v > max ? v : max */
+            _mm256_store_ps(st[p0 + i], v);
+        }
+    }
+    const __m256 rescale = expf8(_mm256_sub_ps(_mm256_load_ps(m0), maxv));
+    _mm256_store_ps(rs, rescale);
+    __m256 sum = _mm256_setzero_ps();
+    for (int p = 0; p < n; p++) {
+        const __mmask8 in = _mm256_cmpgt_epi32_mask(limv, _mm256_set1_epi32(p));
+        const __m256 e = expf8(_mm256_sub_ps(_mm256_load_ps(st[p]), maxv));
+        sum = _mm256_mask_add_ps(sum, in, sum, e);
+        _mm256_store_ps(st[p], e);
+    }
+    _Alignas(32) float lv[8], mv[8];
+    /* l * 1.0f is l: the unconditional multiply equals softmax_step's skipped one */
+    __m256 lr = _mm256_mul_ps(_mm256_load_ps(l0), rescale);
+    __asm__("" : "+x"(lr)); /* rounded apart, as softmax_step's two statements (no contraction) */
+    _mm256_store_ps(lv, _mm256_add_ps(lr, sum));
+    _mm256_store_ps(mv, maxv);
+    for (int r = 0; r < R; r++) {
+        if (nr[r] <= 0) continue;
+        if (rs[r] != 1.0f)
+            for (int d = 0; d < hd; d++) acc[r][d] *= rs[r];
+        l[r] = lv[r], m[r] = mv[r];
+    }
+    for (int p0 = 0; p0 < n; p0 += 8) { /* the weights back into s[r][p] */
+        __m256 t[8];
+        for (int i = 0; i < 8; i++) t[i] = _mm256_load_ps(st[p0 + i < HS_ATTN_SPAN ? p0 + i : 0]);
+        transpose8_ps(t);
+        for (int r = 0; r < R; r++) _mm256_store_ps(s[r] + p0, t[r]);
+    }
+}
+#endif
+
 /* One span of n (<= HS_ATTN_SPAN) positions, K rows k[p] and V rows v[p], for rows [first, last)
  * of which row r takes the first nr[r] (rows with none are left as they are). hd a multiple of
  * 32, at most HS_ATTN_HD. */
@@ -285,8 +365,21 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
             rows_dots8(1, hd, q + r0, k8, s + r0, p);
         }
     }
+#ifdef __AVX512F__
+    /* attend.h's softmax step, 8 rows at once; 3 rows or fewer (SmolLM2's one-token heads per
+     * KV head) row by row, where an 8-lane exp per position would do more work than it saves */
+    for (int r0 = first; r0 < last; r0 += 8) {
+        const int R = last - r0 < 8 ? last - r0 : 8;
+        if (R >= 4)
+            softmax_rows8(hd, R, nr + r0, scale, s + r0, m + r0, l + r0, acc + r0);
+        else
+            for (int r = r0; r < r0 + R; r++)
+                if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
+    }
+#else
     for (int r = first; r < last; r++) /* attend.h's softmax step, row by row */
         if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
+#endif
     const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
     for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
         const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;
