@@ -28,6 +28,11 @@
 # Writes $OUT/kernel-test.txt, $OUT/bench.txt, $OUT/long-context.txt, $OUT/build.txt and
 # $OUT/ik-build.txt (and prints them).
 set -euo pipefail
+if [ "${MODELS+set}" = set ] && [ -z "$MODELS" ]; then # unset takes the default list; empty is a slip
+  echo "MODELS is set but empty: name the models (e.g. MODELS=1.1b:q4_0), or unset it for" \
+       "the default list" >&2
+  exit 2
+fi
 threads=${THREADS:-$(nproc)}
 out=${OUT:-/tmp/out}
 models=${MODELS:-135m:q4_0,135m:q8_0,1.1b:q4_0,8b:q4_0,8b:q8_0}
