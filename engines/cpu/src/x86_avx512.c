@@ -395,8 +395,8 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
  * unpacked once serving four activation rows and each activation chunk loaded once two weight
  * rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On the 2-core VM the 2 x 4
  * tiles (with q8_0's chunks used as loaded) made SmolLM2's 576-column phases up to 20 % faster
- * in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at 256; q8_0 14-20 %;
- * 1536 x 576 in cache alone: q4_0 +18 %, q8_0 +56 %), but wider rows slower: its 1536-column
+ * in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at 256; q8_0 14-20 %),
+ * but wider rows slower: its 1536-column
  * down projection 16-26 %, the 1.1B's prefill and 16-sequence decode 13-15 %
  * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). */
 #define TILE_COLS(KIND, R)                                                                      \

@@ -335,7 +335,7 @@ static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
     }
     for (int p0 = 0; p0 < n; p0 += 8) { /* the weights back into s[r][p] */
         __m256 t[8];
-        for (int i = 0; i < 8; i++) t[i] = _mm256_load_ps(st[p0 + i < HS_ATTN_SPAN ? p0 + i : 0]);
+        for (int i = 0; i < 8; i++) t[i] = _mm256_load_ps(st[p0 + i]); /* p0 + i < 64 */
         transpose8_ps(t);
         for (int r = 0; r < R; r++) _mm256_store_ps(s[r] + p0, t[r]);
     }
