@@ -2,7 +2,8 @@
  * ("wide8") against the 4x4 register tiles, on L copies of an 8B-shaped matrix (L x the matrix
  * far larger than the last-level cache, as a model's layers are), all threads (OpenMP, one slice
  * of 16-row strips each). Built and run by tests/bench/amx_products.sh on an AMX host.
- * Usage: amx_products TAG TYPE(2 = q4_0, 8 = q8_0) ROWS COLS L; prints one line per path and
+ * Usage: amx_products TAG TYPE(2 = q4_0, 8 = q8_0) ROWS COLS L [all|wide8: the paths measured,
+ * wide8 alone at 16 and 32 rows]; prints one line per path and
  * batch: best of 5 passes, ns per 16 x 16 x 32 block per thread, GMAC/s, weight GB/s. */
 #include <omp.h>
 #include <stdio.h>
@@ -16,7 +17,9 @@ static float rnd(void){xs^=xs<<13;xs^=xs>>7;xs^=xs<<17;return (float)(xs>>40)/16
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 int main(int argc,char**argv){
   const char *tag = argv[1];
+  if(argc<6){fprintf(stderr,"usage: %s TAG TYPE ROWS COLS L [all|wide8]\n",argv[0]);return 2;}
   int type = atoi(argv[2]), rows = atoi(argv[3]), cols = atoi(argv[4]), L = atoi(argv[5]);
+  int only_wide8 = argc > 6 && strcmp(argv[6], "wide8") == 0;
   const hs_kernels *k = hs_kernels_by_name("amx");
   if(!k){printf("no amx\n");return 1;}
   size_t rb = hs_row_bytes(type, cols);
@@ -38,7 +41,7 @@ int main(int argc,char**argv){
   hs_mm_fn g = type==HS_Q4_0? k->mm_q4_0 : k->mm_q8_0;
   int ns[] = {8, 16, 32};
   for(int ni=0; ni<3; ni++) for(int path=0; path<2; path++){
-    int n = ns[ni]; if(path==0 && n<16) continue;
+    int n = ns[ni]; if(path==0 && n<16) continue; if(only_wide8 && path!=0) continue;
     double best=1e9;
     for(int rep=0;rep<5;rep++){
       double t0=now();

@@ -7,6 +7,11 @@
 #   BASE_AMX=path/to/x86_amx.c   also build that version of the amx variant (e.g. `git show
 #                                REV:engines/cpu/src/x86_amx.c`, carried) and run it alternately
 #   AHEADS="0 256 512"           also build the current one at these prefetch distances
+#   DEFS="tag=-DA=1,-DB=2 ..."   also build the current one with these defines, one build per
+#                                tag (x86_amx.c's WIDE8_* knobs; WIDE8_SKIP=1/2/4 leaves a step
+#                                out, so that a build measures what the rest costs)
+#   PATHS=wide8                  only the int8 tile path, at 16 and 32 rows (default: all)
+#   SPECS="2 28672 4096 8;..."   the matrices (TYPE ROWS COLS COPIES; default: the three above)
 # Each line: TAG (base, cur, or the distance), path, type, shape, batch, threads, timings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +27,10 @@ gcc $CF $AMX -c $S/x86_amx.c -o "$B/amx_cur.o" &
 TAGS=cur
 if [ -n "${BASE_AMX:-}" ]; then gcc $CF $AMX -c "$BASE_AMX" -o "$B/amx_base.o" & TAGS="base cur"; fi
 for d in ${AHEADS:-}; do gcc $CF $AMX -DWIDE8_AHEAD="$d" -c $S/x86_amx.c -o "$B/amx_$d.o" & TAGS="$TAGS $d"; done
+for item in ${DEFS:-}; do
+  tag=${item%%=*} flags=${item#*=}
+  gcc $CF $AMX ${flags//,/ } -c $S/x86_amx.c -o "$B/amx_$tag.o" & TAGS="$TAGS $tag"
+done
 wait
 COMMON="$B/ref.o $B/dispatch.o $B/threadpool.o $B/model.o $B/bandwidth.o $B/sample.o $B/avx2.o $B/avx512.o"
 gcc $CF engines/cpu/tests/kernel_test.c $COMMON "$B/amx_cur.o" -lm -lpthread -o "$B/kernel_test"
@@ -33,8 +42,9 @@ wait
 tail -2 "$B/kernel_test.log"
 export OMP_PROC_BIND=close OMP_PLACES=cores
 lscpu | grep -E "Model name|L2 cache|L3 cache|^CPU\(s\)"
-for spec in "2 28672 4096 8" "8 28672 4096 6" "2 28672 4096 1"; do
+IFS=';' read -r -a specs <<< "${SPECS:-2 28672 4096 8;8 28672 4096 6;2 28672 4096 1}"
+for spec in "${specs[@]}"; do
   for round in 1 2; do  # alternating: every tag twice
-    for t in $TAGS; do "$B/products_$t" "$t" $spec; done
+    for t in $TAGS; do "$B/products_$t" "$t" $spec "${PATHS:-all}"; done
   done
 done

@@ -60,6 +60,13 @@ typedef struct {
 #ifndef WIDE8_AHEAD
 #define WIDE8_AHEAD 256
 #endif
+/* A measurement aid (tests/bench/amx_products.sh DEFS=...), 0 in the engine: a build with bit 1
+ * leaves out the scaling of each block's 16 x 16 result (DRAIN), 2 the unpacking of the weights
+ * after the first two blocks (block_rows, which also reads them from memory), 4 the tile unit's
+ * work (loads, product, store); its results are wrong, its time is what the rest costs. */
+#ifndef WIDE8_SKIP
+#define WIDE8_SKIP 0
+#endif
 
 /* One block of 16 activation rows in tile layout. */
 typedef struct {
@@ -221,16 +228,21 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
      * (P: block b's, N: block b + 1's; literal numbers, as the tile intrinsics require). */
 #define STEP(b, P, N, NA, NB)                                                                   \
     do {                                                                                       \
-        if ((b) + 2 < nb) block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, a[((b) + 2) & 3]); \
-        _tile_stored(P, c[P], AMX_N * 4);                                                      \
-        if ((b) + 1 < nb) {                                                                    \
+        if (!(WIDE8_SKIP & 2) && (b) + 2 < nb)                                                 \
+            block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, a[((b) + 2) & 3]);            \
+        if (!(WIDE8_SKIP & 4)) _tile_stored(P, c[P], AMX_N * 4);                               \
+        if (!(WIDE8_SKIP & 4) && (b) + 1 < nb) {                                               \
             _tile_loadd(NA, a[((b) + 1) & 3], HS_QK);                                          \
             _tile_loadd(NB, y[(b) + 1].lo, AMX_N * 4);                                         \
             _tile_zero(N);                                                                     \
             _tile_dpbusd(N, NA, NB);                                                           \
         }                                                                                      \
-        if ((b) >= 1) DRAIN(N, (b) - 1);                                                       \
+        if (!(WIDE8_SKIP & 1) && (b) >= 1) DRAIN(N, (b) - 1);                                  \
     } while (0)
+    if (WIDE8_SKIP) { /* what the left-out steps would have written: defined, if meaningless */
+        memset(a, 0, sizeof a);
+        memset(c, 0, sizeof c);
+    }
     block_rows(kind, w, wstride, rows, nb, 0, grp, a[0]);
     if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, grp, a[1]);
     _tile_loadd(2, a[0], HS_QK);
@@ -241,7 +253,7 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
         STEP(b, 0, 1, 3, 5);
         if (b + 1 < nb) STEP(b + 1, 1, 0, 2, 4);
     }
-    DRAIN((nb - 1) & 1, nb - 1);
+    if (!(WIDE8_SKIP & 1)) DRAIN((nb - 1) & 1, nb - 1);
 #undef STEP
 #undef DRAIN
     for (int r = 0; r < rows; r++) {
