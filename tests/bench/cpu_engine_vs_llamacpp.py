@@ -480,7 +480,10 @@ def _cmake_build(src: str, build: Path, flags: str, jobs: int, log, ik: bool = F
              else ["-DLLAMA_BUILD_EXAMPLES=OFF"])
     if flags:
         args += [f"-DCMAKE_C_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
-    subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT)
+    # A pruned copy has no .git of its own: without a ceiling its build-info step finds the
+    # enclosing repository's and stamps heteroserve's commit into the tools as llama.cpp's.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(src).resolve().parent)}
+    subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     subprocess.run(["ninja", "-j", str(jobs), "-C", str(build), "llama-bench",
                     "llama-batched-bench"], check=True, stdout=log, stderr=subprocess.STDOUT)
 
@@ -494,6 +497,16 @@ def _amx_check(bin_dir: Path, check_model: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def source_commit(src: str, stamped: str | None = None) -> str:
+    """What a pruned source copy is: its COMMIT file (a commit, or a release such as
+    "llama-cpp-python 0.3.36's vendor/llama.cpp"), else the commit its build stamped, else
+    'unknown'."""
+    commit_file = Path(src) / "COMMIT"
+    if commit_file.exists():
+        return commit_file.read_text().strip()
+    return stamped if stamped and stamped != "unknown" else "unknown (no COMMIT file in the source)"
+
+
 def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
     """Builds llama-bench and llama-batched-bench natively (AMX compiled in where the CPU has
     it); falls back to `-mno-amx-*` only where the check run fails. Returns the bin folder, in
@@ -504,7 +517,8 @@ def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
         native = root_path / "native"
         _cmake_build(src, native, "", jobs, log)
         rc, text = _amx_check(native / "bin", check_model)
-        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc}
+        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc,
+                "commit": source_commit(src)}
         bin_dir = native / "bin"
         if rc != 0:
             reason = f"signal {-rc}" if rc < 0 else f"exit {rc}"
@@ -547,13 +561,11 @@ def build_ik_llama(src: str, root: str, check_model: str, jobs: int) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"ik_llama.cpp's check run failed ({proc.returncode}):\n"
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    commit_file = Path(src) / "COMMIT"
     info = {"flags": "-march=native (GGML_NATIVE=ON), static libraries, run-time repacking "
                      "(llama-bench " + " ".join(IK_BENCH) + ", llama-batched-bench "
                      + " ".join(IK_BATCHED) + ")",
             "check_rc": proc.returncode,
-            "commit": (commit_file.read_text().strip() if commit_file.exists()
-                       else json.loads(proc.stdout)[0].get("build_commit", "unknown")),
+            "commit": source_commit(src, json.loads(proc.stdout)[0].get("build_commit")),
             "system_info": f"-march=native here enables: {native_isa()}"}
     (bin_dir / "heteroserve-build.json").write_text(json.dumps(info))
     return bin_dir
@@ -612,7 +624,7 @@ def header(threads: int, pairs: int, policy: str, info: dict, extra: str = "",
     runs = (f"{pairs} A/B pairs (llama.cpp, heteroserve, alternating processes)" if ik_info is None
             else f"{pairs} triples (llama.cpp, ik_llama.cpp, heteroserve, alternating processes)")
     return (f"threads: {threads}; CPU: {cpu_name()}; heteroserve commit: "
-            f"{os.environ.get('HETEROSERVE_COMMIT') or git_commit()}; {policy}; "
+            f"{git_commit()}; {policy}; "
             f"{runs}, medians{extra}\n"
             f"{build_line(info)}\nllama.cpp system_info: {info.get('system_info')}"
             + (f"\n{ik_build_line(ik_info)}" if ik_info is not None else ""))
@@ -688,7 +700,8 @@ def main() -> int:
         rows.append((label, settings, samples))
         print(f"done: {label}", file=sys.stderr, flush=True)
     first = rows[0][2]["heteroserve"][0]
-    commits = f"; llama.cpp commit: {rows[0][2]['llama.cpp'][0]['build_commit']}"
+    llama_commit = info.get("commit") or rows[0][2]["llama.cpp"][0]["build_commit"]
+    commits = f"; llama.cpp commit: {llama_commit}"
     if ik_info is not None:
         commits += f"; ik_llama.cpp commit: {ik_info.get('commit', 'unknown')}"
     print("\n" + header(args.threads, args.pairs, policy, info,
@@ -766,7 +779,11 @@ def main() -> int:
 def git_commit() -> str:
     """HEAD's short hash, and the digest of the engine's sources beside it: a copied working tree
     (the device machine's) can carry a .git whose HEAD is not what was copied; the digest says
-    which sources ran (compare: `git show COMMIT:engines/cpu/...`, see engine_digest)."""
+    which sources ran (compare: `git show COMMIT:engines/cpu/...`, see engine_digest).
+    HETEROSERVE_COMMIT, where set, names the commit instead of HEAD (the device run's command
+    passes the commit it copied)."""
+    if os.environ.get("HETEROSERVE_COMMIT"):
+        return f"{os.environ['HETEROSERVE_COMMIT']} (engine sources {engine_digest()})"
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -8,7 +8,10 @@
 # too large to carry). Optionally .ik-llama-src (ik_llama.cpp, the second peer: its source pruned
 # to ggml's CPU backend with the iqk kernels, src, include, common, vendor/{cpp-httplib,nlohmann},
 # cmake and examples/llama-bench + examples/batched-bench; COMMIT names its commit): where it is
-# carried (and IK is not 0) its tools are built too and every model runs as a triple.
+# carried (and IK is not 0) its tools are built too and every model runs as a triple. Each pruned
+# copy names what it is in a COMMIT file (printed in the table's header).
+# The copied tree's .git can be older than the tree itself: pass HETEROSERVE_COMMIT=<hash> (the
+# header prints it; the engine-sources digest beside it is computed from the files that ran).
 #
 #   MODELS=135m:q4_0,1.1b:q4_0,8b:q4_0 LONG=512,2048 PAIRS=3 tests/bench/device_cpu_bench.sh
 #
