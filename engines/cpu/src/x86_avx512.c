@@ -390,14 +390,14 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 }
 
 /* Up to 4 weight rows x 4 activation rows a call. Eight pairs at most fit the 32 registers
- * (each holds an integer sum and an accumulator through a group). Narrow rows (under 32
- * blocks, as model.c's tile_rows) with 4 activation rows take 2 x 4 tiles, each weight chunk
- * unpacked once serving four activation rows and each activation chunk loaded once two weight
- * rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On the 2-core VM the 2 x 4
- * tiles (with q8_0's chunks used as loaded) made SmolLM2's 576-column phases up to 20 % faster
- * in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at 256; q8_0 14-20 %),
- * but wider rows slower: its 1536-column
- * down projection 16-26 %, the 1.1B's prefill and 16-sequence decode 13-15 %
+ * (each holds an integer sum and an accumulator through a group). Narrow rows (under
+ * HS_WIDE_ROW_BLOCKS, the line of model.c's tile_rows) with 4 activation rows take 2 x 4
+ * tiles, each weight chunk unpacked once serving four activation rows and each activation chunk
+ * loaded once two weight rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On
+ * the 2-core VM the 2 x 4 tiles (with q8_0's chunks used as loaded) made SmolLM2's 576-column
+ * phases up to 20 % faster in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at
+ * 256; q8_0 14-20 %), but wider rows slower: its 1536-column down projection 16-26 %, the
+ * 1.1B's prefill and 16-sequence decode 13-15 %
  * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). */
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
@@ -409,7 +409,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
              astride, out + 2 * ostride, ostride);                                             \
         return;                                                                                \
     default:                                                                                   \
-        if ((R == 4 || R == 2) && nb < 32) {                                                   \
+        if ((R == 4 || R == 2) && nb < HS_WIDE_ROW_BLOCKS) {                                   \
             tile(KIND, 2, 4, nb, w, wstride, y, astride, out, ostride);                        \
             if (R == 4)                                                                        \
                 tile(KIND, 2, 4, nb, w + 2 * wstride, wstride, y, astride, out + 2, ostride);  \
