@@ -20,30 +20,40 @@ mkdir -p "$B"
 CF="-O3 -std=gnu11 -fPIC -fopenmp -I$S"
 X512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni"
 AMX="$X512 -mavx512bf16 -mamx-tile -mamx-int8 -mamx-bf16"
-for f in ref dispatch threadpool model bandwidth sample; do gcc $CF -c $S/$f.c -o "$B/$f.o" & done
-gcc $CF -mavx2 -mfma -mf16c -c $S/x86_avx2.c -o "$B/avx2.o" &
-gcc $CF $X512 -c $S/x86_avx512.c -o "$B/avx512.o" &
-gcc $CF $AMX -c $S/x86_amx.c -o "$B/amx_cur.o" &
+pids=()  # every background compile, waited for one by one: a failed one stops the script
+for f in ref dispatch threadpool model bandwidth sample; do gcc $CF -c $S/$f.c -o "$B/$f.o" & pids+=($!); done
+gcc $CF -mavx2 -mfma -mf16c -c $S/x86_avx2.c -o "$B/avx2.o" & pids+=($!)
+gcc $CF $X512 -c $S/x86_avx512.c -o "$B/avx512.o" & pids+=($!)
+gcc $CF $AMX -c $S/x86_amx.c -o "$B/amx_cur.o" & pids+=($!)
 TAGS=cur
-if [ -n "${BASE_AMX:-}" ]; then gcc $CF $AMX -c "$BASE_AMX" -o "$B/amx_base.o" & TAGS="base cur"; fi
-for d in ${AHEADS:-}; do gcc $CF $AMX -DWIDE8_AHEAD="$d" -c $S/x86_amx.c -o "$B/amx_$d.o" & TAGS="$TAGS $d"; done
+if [ -n "${BASE_AMX:-}" ]; then gcc $CF $AMX -c "$BASE_AMX" -o "$B/amx_base.o" & pids+=($!); TAGS="base cur"; fi
+for d in ${AHEADS:-}; do gcc $CF $AMX -DWIDE8_AHEAD="$d" -c $S/x86_amx.c -o "$B/amx_$d.o" & pids+=($!); TAGS="$TAGS $d"; done
+set -f  # DEFS items are defines, not file patterns
 for item in ${DEFS:-}; do
   tag=${item%%=*} flags=${item#*=}
-  gcc $CF $AMX ${flags//,/ } -c $S/x86_amx.c -o "$B/amx_$tag.o" & TAGS="$TAGS $tag"
+  if [[ $item != *=* || ! $tag =~ ^[A-Za-z0-9_]+$ ]]; then
+    echo "DEFS item '$item': write TAG=-DNAME=VALUE[,-DNAME=VALUE...]" >&2; exit 2
+  fi
+  case " $TAGS " in *" $tag "*) echo "DEFS tag '$tag' is taken (by base, cur or AHEADS)" >&2; exit 2;; esac
+  gcc $CF $AMX ${flags//,/ } -c $S/x86_amx.c -o "$B/amx_$tag.o" & pids+=($!); TAGS="$TAGS $tag"
 done
-wait
+set +f
+for p in "${pids[@]}"; do wait "$p"; done
 COMMON="$B/ref.o $B/dispatch.o $B/threadpool.o $B/model.o $B/bandwidth.o $B/sample.o $B/avx2.o $B/avx512.o"
 gcc $CF engines/cpu/tests/kernel_test.c $COMMON "$B/amx_cur.o" -lm -lpthread -o "$B/kernel_test"
+pids=()
 for t in $TAGS; do
-  gcc $CF tests/bench/amx_products.c $COMMON "$B/amx_$t.o" -lm -lpthread -o "$B/products_$t" &
+  gcc $CF tests/bench/amx_products.c $COMMON "$B/amx_$t.o" -lm -lpthread -o "$B/products_$t" & pids+=($!)
 done
-wait
+for p in "${pids[@]}"; do wait "$p"; done
 "$B/kernel_test" > "$B/kernel_test.log" || { grep -m10 FAIL "$B/kernel_test.log"; tail -3 "$B/kernel_test.log"; exit 1; }
 tail -2 "$B/kernel_test.log"
 export OMP_PROC_BIND=close OMP_PLACES=cores
 lscpu | grep -E "Model name|L2 cache|L3 cache|^CPU\(s\)"
 IFS=';' read -r -a specs <<< "${SPECS:-2 28672 4096 8;8 28672 4096 6;2 28672 4096 1}"
 for spec in "${specs[@]}"; do
+  read -r -a fields <<< "$spec"
+  [ ${#fields[@]} -eq 4 ] || { echo "SPECS item '$spec': write TYPE ROWS COLS COPIES" >&2; exit 2; }
   for round in 1 2; do  # alternating: every tag twice
     for t in $TAGS; do "$B/products_$t" "$t" $spec "${PATHS:-all}"; done
   done

@@ -485,7 +485,8 @@ def _cmake_build(src: str, build: Path, flags: str, jobs: int, log, ik: bool = F
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(src).resolve().parent)}
     subprocess.run(args, check=True, stdout=log, stderr=subprocess.STDOUT, env=env)
     subprocess.run(["ninja", "-j", str(jobs), "-C", str(build), "llama-bench",
-                    "llama-batched-bench"], check=True, stdout=log, stderr=subprocess.STDOUT)
+                    "llama-batched-bench"], check=True, stdout=log, stderr=subprocess.STDOUT,
+                   env=env)
 
 
 def _amx_check(bin_dir: Path, check_model: str) -> tuple[int, str]:
@@ -497,14 +498,18 @@ def _amx_check(bin_dir: Path, check_model: str) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
+def commit_file(src: str) -> str | None:
+    """A pruned source copy's COMMIT file: a commit, or a release such as "llama-cpp-python
+    0.3.36's vendor/llama.cpp"; None where there is none."""
+    path = Path(src) / "COMMIT"
+    return path.read_text().strip() if path.exists() else None
+
+
 def source_commit(src: str, stamped: str | None = None) -> str:
-    """What a pruned source copy is: its COMMIT file (a commit, or a release such as
-    "llama-cpp-python 0.3.36's vendor/llama.cpp"), else the commit its build stamped, else
-    'unknown'."""
-    commit_file = Path(src) / "COMMIT"
-    if commit_file.exists():
-        return commit_file.read_text().strip()
-    return stamped if stamped and stamped != "unknown" else "unknown (no COMMIT file in the source)"
+    """What a source is: its COMMIT file, else the commit its build stamped, else 'unknown'."""
+    return (commit_file(src)
+            or (stamped if stamped and stamped != "unknown" else None)
+            or "unknown (no COMMIT file in the source)")
 
 
 def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
@@ -517,8 +522,9 @@ def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
         native = root_path / "native"
         _cmake_build(src, native, "", jobs, log)
         rc, text = _amx_check(native / "bin", check_model)
-        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc,
-                "commit": source_commit(src)}
+        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc}
+        if commit_file(src):  # else the header takes the tools' own stamp (a git checkout's)
+            info["commit"] = commit_file(src)
         bin_dir = native / "bin"
         if rc != 0:
             reason = f"signal {-rc}" if rc < 0 else f"exit {rc}"

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+from pathlib import Path
 
-from tests.bench.cpu_engine_vs_llamacpp import engine_digest, git_commit, source_commit
+from tests.bench import cpu_engine_vs_llamacpp as bench
+from tests.bench.cpu_engine_vs_llamacpp import commit_file, engine_digest, git_commit, source_commit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_commit_file_names_the_source(tmp_path):
@@ -23,3 +29,24 @@ def test_the_commit_passed_in_replaces_head_and_keeps_the_digest(monkeypatch):
     assert git_commit() == f"abc1234 (engine sources {engine_digest()})"
     monkeypatch.delenv("HETEROSERVE_COMMIT")
     assert re.fullmatch(r"\S+ \(engine sources [0-9a-f]{12}\)", git_commit())
+
+
+def test_a_git_checkout_keeps_its_own_stamp(tmp_path):
+    assert commit_file(str(tmp_path)) is None  # build_llamacpp then records no commit
+
+
+def test_the_peer_build_stops_git_at_the_pruned_copy(tmp_path, monkeypatch):
+    """A copy inside heteroserve's repository must not be stamped with heteroserve's commit:
+    cmake and ninja both run with git's search stopped above the copy."""
+    # with such a ceiling git finds no repository in a folder of this one
+    probe = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT / "engines", capture_output=True,
+                           env={**os.environ, "GIT_CEILING_DIRECTORIES": str(ROOT)}, check=False)
+    assert probe.returncode != 0
+    src = tmp_path / "llama-src"
+    src.mkdir()
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda args, **kw: calls.append((args, kw)))
+    bench._cmake_build(str(src), tmp_path / "build", "", 2, log=None)
+    assert [args[0] for args, _ in calls] == ["cmake", "ninja"]
+    for _, kw in calls:
+        assert kw["env"]["GIT_CEILING_DIRECTORIES"] == str(tmp_path.resolve())

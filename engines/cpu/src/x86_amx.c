@@ -62,8 +62,11 @@ typedef struct {
 #endif
 /* A measurement aid (tests/bench/amx_products.sh DEFS=...), 0 in the engine: a build with bit 1
  * leaves out the scaling of each block's 16 x 16 result (DRAIN), 2 the unpacking of the weights
- * after the first two blocks (block_rows, which also reads them from memory), 4 the tile unit's
- * work (loads, product, store); its results are wrong, its time is what the rest costs. */
+ * after the first two blocks (block_rows, which also reads them from memory; the scaling still
+ * reads their scales), 4 the tile unit's work (loads, product, store); its results are wrong,
+ * its time is what the rest costs - provided the compiler kept the rest, which objdump shows
+ * (GCC 12, -O3: the unpacking's permutes and stores, the scaling's loads of c, converts and
+ * FMAs are all in the builds docs/benchmarks.md measured). */
 #ifndef WIDE8_SKIP
 #define WIDE8_SKIP 0
 #endif

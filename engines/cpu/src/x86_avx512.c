@@ -264,7 +264,8 @@ static inline __attribute__((always_inline)) void group_step(
     /* each weight row's chunk used as soon as it is loaded (fewer registers live). q4 in R x 2
      * and R x 1 tiles unpacked all R rows' chunks first until a model-level A/B
      * (cpu_engine_profile --baseline, 2-core VM, 5 processes per build) put this order level or
-     * ahead: the 1.1B's batch 1 +5 %, prefill +8 %; SmolLM2 q4_0's batch 1 +7.5 % */
+     * ahead: the 1.1B's prefill +8 %, SmolLM2 q4_0's batch 1 +7.5 % (its 4 x 1 tiles); not
+     * measured on an AMX host (docs/benchmarks.md) */
     for (int k = 0; k < 4; k++) {
         __m512i ylo[4], yhi[4];
         for (int c = 0; c < C; c++)
