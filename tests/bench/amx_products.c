@@ -16,8 +16,8 @@ static unsigned long long xs=88172645463325252ULL;
 static float rnd(void){xs^=xs<<13;xs^=xs>>7;xs^=xs<<17;return (float)(xs>>40)/16777216.0f-0.5f;}
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
 int main(int argc,char**argv){
-  const char *tag = argv[1];
   if(argc<6){fprintf(stderr,"usage: %s TAG TYPE ROWS COLS L [all|wide8]\n",argv[0]);return 2;}
+  const char *tag = argv[1];
   int type = atoi(argv[2]), rows = atoi(argv[3]), cols = atoi(argv[4]), L = atoi(argv[5]);
   if((type!=HS_Q4_0 && type!=HS_Q8_0) || rows<16 || rows%16 || cols<32 || cols%32 || L<1){fprintf(stderr,"%s: TYPE 2 or 8, ROWS a multiple of 16, COLS of 32, L >= 1\n",argv[0]);return 2;}
   if(argc>6 && strcmp(argv[6],"all")!=0 && strcmp(argv[6],"wide8")!=0){fprintf(stderr,"%s: paths '%s': all or wide8\n",argv[0],argv[6]);return 2;}

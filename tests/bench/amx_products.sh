@@ -12,9 +12,27 @@
 #                                out, so that a build measures what the rest costs)
 #   PATHS=wide8                  only the int8 tile path, at 16 and 32 rows (default: all)
 #   SPECS="2 28672 4096 8;..."   the matrices (TYPE ROWS COLS COPIES; default: the three above)
-# Each line: TAG (base, cur, or the distance), path, type, shape, batch, threads, timings.
+# Each line: TAG (base, cur, the distance or the DEFS tag), path, type, shape, batch, threads,
+# timings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# the arguments checked before anything is built
+IFS=';' read -r -a specs <<< "${SPECS:-2 28672 4096 8;8 28672 4096 6;2 28672 4096 1}"
+for spec in "${specs[@]}"; do
+  read -r -a fields <<< "$spec"
+  [ ${#fields[@]} -eq 4 ] || { echo "SPECS item '$spec': write TYPE ROWS COLS COPIES" >&2; exit 2; }
+done
+set -f  # DEFS items are defines, not file patterns
+taken=" cur base ${AHEADS:-} "
+for item in ${DEFS:-}; do
+  tag=${item%%=*}
+  if [[ $item != *=* || ! $tag =~ ^[A-Za-z0-9_]+$ ]]; then
+    echo "DEFS item '$item': write TAG=-DNAME=VALUE[,-DNAME=VALUE...]" >&2; exit 2
+  fi
+  case "$taken" in *" $tag "*) echo "DEFS tag '$tag' is taken (by base, cur, AHEADS or DEFS)" >&2; exit 2;; esac
+  taken="$taken$tag "
+done
+set +f
 S=engines/cpu/src B=${BUILD:-/tmp/amx-products}
 mkdir -p "$B"
 CF="-O3 -std=gnu11 -fPIC -fopenmp -I$S"
@@ -28,13 +46,9 @@ gcc $CF $AMX -c $S/x86_amx.c -o "$B/amx_cur.o" & pids+=($!)
 TAGS=cur
 if [ -n "${BASE_AMX:-}" ]; then gcc $CF $AMX -c "$BASE_AMX" -o "$B/amx_base.o" & pids+=($!); TAGS="base cur"; fi
 for d in ${AHEADS:-}; do gcc $CF $AMX -DWIDE8_AHEAD="$d" -c $S/x86_amx.c -o "$B/amx_$d.o" & pids+=($!); TAGS="$TAGS $d"; done
-set -f  # DEFS items are defines, not file patterns
+set -f
 for item in ${DEFS:-}; do
   tag=${item%%=*} flags=${item#*=}
-  if [[ $item != *=* || ! $tag =~ ^[A-Za-z0-9_]+$ ]]; then
-    echo "DEFS item '$item': write TAG=-DNAME=VALUE[,-DNAME=VALUE...]" >&2; exit 2
-  fi
-  case " $TAGS " in *" $tag "*) echo "DEFS tag '$tag' is taken (by base, cur or AHEADS)" >&2; exit 2;; esac
   gcc $CF $AMX ${flags//,/ } -c $S/x86_amx.c -o "$B/amx_$tag.o" & pids+=($!); TAGS="$TAGS $tag"
 done
 set +f
@@ -50,10 +64,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 tail -2 "$B/kernel_test.log"
 export OMP_PROC_BIND=close OMP_PLACES=cores
 lscpu | grep -E "Model name|L2 cache|L3 cache|^CPU\(s\)"
-IFS=';' read -r -a specs <<< "${SPECS:-2 28672 4096 8;8 28672 4096 6;2 28672 4096 1}"
 for spec in "${specs[@]}"; do
-  read -r -a fields <<< "$spec"
-  [ ${#fields[@]} -eq 4 ] || { echo "SPECS item '$spec': write TYPE ROWS COLS COPIES" >&2; exit 2; }
   for round in 1 2; do  # alternating: every tag twice
     for t in $TAGS; do "$B/products_$t" "$t" $spec "${PATHS:-all}"; done
   done

@@ -505,11 +505,14 @@ def commit_file(src: str) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+def known_stamp(stamped: str | None) -> str:
+    """The commit a build stamped into its tools, or a clear 'unknown'."""
+    return stamped if stamped and stamped != "unknown" else "unknown (no COMMIT file in the source)"
+
+
 def source_commit(src: str, stamped: str | None = None) -> str:
     """What a source is: its COMMIT file, else the commit its build stamped, else 'unknown'."""
-    return (commit_file(src)
-            or (stamped if stamped and stamped != "unknown" else None)
-            or "unknown (no COMMIT file in the source)")
+    return commit_file(src) or known_stamp(stamped)
 
 
 def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
@@ -706,7 +709,7 @@ def main() -> int:
         rows.append((label, settings, samples))
         print(f"done: {label}", file=sys.stderr, flush=True)
     first = rows[0][2]["heteroserve"][0]
-    llama_commit = info.get("commit") or rows[0][2]["llama.cpp"][0]["build_commit"]
+    llama_commit = info.get("commit") or known_stamp(rows[0][2]["llama.cpp"][0]["build_commit"])
     commits = f"; llama.cpp commit: {llama_commit}"
     if ik_info is not None:
         commits += f"; ik_llama.cpp commit: {ik_info.get('commit', 'unknown')}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,8 +32,26 @@ def test_the_commit_passed_in_replaces_head_and_keeps_the_digest(monkeypatch):
     assert re.fullmatch(r"\S+ \(engine sources [0-9a-f]{12}\)", git_commit())
 
 
-def test_a_git_checkout_keeps_its_own_stamp(tmp_path):
-    assert commit_file(str(tmp_path)) is None  # build_llamacpp then records no commit
+def test_the_build_records_a_commit_only_from_a_commit_file(tmp_path, monkeypatch):
+    """A pruned copy's COMMIT file names the build; a git checkout keeps the tools' own stamp
+    (nothing recorded, so the header takes it)."""
+    def fake_build(src, build, flags, jobs, log, ik=False):
+        (build / "bin").mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(bench, "_cmake_build", fake_build)
+    monkeypatch.setattr(bench, "_amx_check", lambda bin_dir, model: (0, ""))
+    monkeypatch.setattr(bench, "system_info", lambda bin_dir: "CPU : AVX2 = 1")
+    src = tmp_path / "src"
+    src.mkdir()
+    info = json.loads((bench.build_llamacpp(str(src), str(tmp_path / "a"), "m.gguf", 1)
+                       / "heteroserve-build.json").read_text())
+    assert "commit" not in info
+    assert bench.known_stamp("abc1234") == "abc1234"
+    (src / "COMMIT").write_text("llama-cpp-python 0.3.36's vendor/llama.cpp\n")
+    info = json.loads((bench.build_llamacpp(str(src), str(tmp_path / "b"), "m.gguf", 1)
+                       / "heteroserve-build.json").read_text())
+    assert info["commit"] == "llama-cpp-python 0.3.36's vendor/llama.cpp"
+    assert commit_file(str(tmp_path)) is None
 
 
 def test_the_peer_build_stops_git_at_the_pruned_copy(tmp_path, monkeypatch):

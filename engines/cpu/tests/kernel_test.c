@@ -208,8 +208,10 @@ static void test_attend_exact(const hs_kernels *k, unsigned *seed) {
  * - q x scale: one rounding on each side (2^-24 each);
  * - q's hi + lo split leaves at most 2^-8 x 2^-8 = 2^-16 of q; the fp16 keys split exactly;
  * - the tiles sum hi hi + hi lo + lo hi and drop lo lo: at most 2^-16 more;
- * - bf16 x bf16 products are exact in fp32; the tiles' fp32 sums of 3 hd of them and the
- *   reference's dot of hd (each product and sum rounded, without FMA) at most 5 hd 2^-24.
+ * - bf16 x bf16 products are exact in fp32; the tiles' fp32 sums of 3 hd of them add at most
+ *   3 hd 2^-24, the reference's dot of hd (products and sums rounded, no FMA) gamma_hd, about
+ *   hd 2^-24; the spare hd 2^-24 covers the second-order terms (lo up to 2^-8 (1 + 2^-8) of q,
+ *   the tiles' sums relative to their own slightly larger terms, gamma's 1 / (1 - n u)).
  * So 2^-15 + (5 hd + 2) 2^-24 of it. A split that drops q's or k's low part errs by about 2^-9.
  * The sum and the outputs keep measured bounds (sum within 1.4e-4 relative, outputs, weighted
  * means of values in [-1, 1], within 2.4e-3): 5e-4 and 4e-3. A NaN anywhere fails (worse()). */
