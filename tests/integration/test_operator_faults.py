@@ -303,6 +303,10 @@ def test_apiserver_restarts_under_activity(cluster, own_operator, namespace):
            f"changes handled in {statistics.median(recoveries):.1f} s median, "
            f"{max(recoveries):.1f} s max after the apiserver was back")
     assert orphans_and_strays(cluster, namespace) == []
+    # The control plane is shared with the tests after this one, which wait 90 s for Ready: the
+    # controller-manager's queues, backed off while the apiserver was away, must have drained
+    # first (a CI run timed out in the next test with its Deployments never rolled out).
+    wait_ready(cluster, namespace, "pd", timeout=300)
 
 
 # -- 3. children deleted or edited by hand ------------------------------------------------------
