@@ -14,7 +14,8 @@ typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const
 /* Rows of this many blocks (HS_QK elements each) or more are wide: model.c gives a one-token
  * product one of them at a time (tile_rows: one forward stream per thread), and the x86
  * register tiles keep 4 x 2 tiles for them where narrower rows with 4 activation rows take
- * 2 x 4 (TILE_COLS). Both lines measured on the 2-core VM: docs/benchmarks.md. */
+ * 2 x 4 (TILE_COLS; the amx variant takes 2 x 4 at every width). Both lines measured on the
+ * 2-core VM: docs/benchmarks.md. */
 #define HS_WIDE_ROW_BLOCKS 32
 
 /* Products of 16 or more activation rows on a matrix unit in int8 (AMX tiles): nrows weight rows

@@ -140,9 +140,10 @@ static int packs(const hs_kernels *k, int type) { return k->pack_row && is_quant
  * width. Wide rows (HS_WIDE_ROW_BLOCKS blocks, 1024 columns, or more) take one row at a time,
  * one forward stream per thread, the pattern the prefetchers serve best from memory; narrow
  * rows (models small enough to sit in the last-level cache) take four, sharing each activation
- * load and the per-row reduction between them. tests/bench/cpu_engine_variants.py --nrc 0,1,2,4, 2-core VM,
- * batch-1 tok/s for NRC 1 / 2 / 4: the 1.1B model (2048- and 5632-wide rows) 49.0 / 47.4 /
- * 43.2, SmolLM2 q4_0 (576 wide, 1536 in its down projection) 375.7 / 411.3 / 422.8. */
+ * load and the per-row reduction between them. tests/bench/cpu_engine_variants.py --nrc
+ * 0,1,2,4, 2-core VM, batch-1 tok/s for NRC 1 / 2 / 4: the 1.1B model (2048- and 5632-wide
+ * rows) 49.0 / 47.4 / 43.2, SmolLM2 q4_0 (576 wide, 1536 in its down projection) 375.7 /
+ * 411.3 / 422.8. */
 static int tile_rows(int nrc, const hs_mat *w) {
     return nrc ? nrc : w->cols >= HS_WIDE_ROW_BLOCKS * HS_QK ? 1 : 4;
 }

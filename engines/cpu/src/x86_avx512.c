@@ -17,6 +17,7 @@
  * starting the sums at -8 (q4_0) or -128 (q8_0) times the block's activation sum; q4_1's
  * minimum adds m * d * sum(block). A partial last group is read with masked loads against
  * zero-padded activations. */
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -394,7 +395,18 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
  * phases up to 20 % faster in the model (q4_0: 10-20 % at 512- and 2048-token prefill, level at
  * 256; q8_0 14-20 %), but wider rows slower: its 1536-column down projection 16-26 %, the
  * 1.1B's prefill and 16-sequence decode 13-15 %
- * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). */
+ * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). The amx variant (Intel
+ * hosts) takes 2 x 4 tiles at every width instead: on the 16-core AMX host, where 16 activation
+ * rows or more go to the tile unit, they made 8 sequences 7 % (8B q4_0) and 9 % (1.1B) faster,
+ * 4 sequences level (+4 %, -2 %), batch 1 untouched (docs/benchmarks.md, "2 x 4 tiles on the
+ * host"). TILE_2X4_BELOW: the rows (in blocks) under which 2 x 4 tiles are taken. */
+#ifndef TILE_2X4_BELOW
+#ifdef HS_AMX
+#define TILE_2X4_BELOW INT_MAX
+#else
+#define TILE_2X4_BELOW HS_WIDE_ROW_BLOCKS
+#endif
+#endif
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
@@ -405,7 +417,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
              astride, out + 2 * ostride, ostride);                                             \
         return;                                                                                \
     default:                                                                                   \
-        if ((R == 4 || R == 2) && nb < HS_WIDE_ROW_BLOCKS) {                                   \
+        if ((R == 4 || R == 2) && nb < TILE_2X4_BELOW) {                                       \
             tile(KIND, 2, 4, nb, w, wstride, y, astride, out, ostride);                        \
             if (R == 4)                                                                        \
                 tile(KIND, 2, 4, nb, w + 2 * wstride, wstride, y, astride, out + 2, ostride);  \

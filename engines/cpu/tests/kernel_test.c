@@ -336,8 +336,8 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
 /* Products of rows whose last group of 16 blocks (the packed x86 layout's) is partial in
  * other ways than main's 17 blocks (16 + 1, the one-vector tail): 18 blocks (16 + 2,
  * SmolLM2's), 22 (16 + 6: masked loads with q8_0's chunks side by side) and 29 (16 + 13),
- * narrow rows (2 x 4 register tiles), and 37 (32 + 5: wide rows, 4 x 2 tiles), at 1, 6 and 21
- * activation rows (amx: 21 is one group of 16 on the int8 tile unit plus 5 on the register
+ * narrow rows (2 x 4 register tiles), and 37 (32 + 5: wide rows, 4 x 2 tiles; amx's 2 x 4),
+ * at 1, 6 and 21 activation rows (amx: 21 is one group of 16 on the int8 tile unit plus 5 on the register
  * tiles), against the reference with main's tolerance. */
 static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
     enum { N = 21 };
