@@ -7,7 +7,8 @@
 
 /* The quantized products, in the variant's weight and activation layouts: `nrows` weight rows
  * (`wstride` bytes apart) against `ncols` activation rows (`astride` bytes apart):
- * out[c * ostride + r] = sum_j w[r][j] * a[c][j], for nrows and ncols of 1..4. */
+ * out[c * ostride + r] = sum_j w[r][j] * a[c][j], for nrows of 1..4 and ncols of 1..4 (1..8
+ * where the variant's mm_cols is 8). */
 typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                          size_t astride, int ncols, float *out, size_t ostride);
 
@@ -41,6 +42,7 @@ typedef struct {
     void (*pack_row)(int type, const void *src, void *dst, int cols);
     void (*unpack_row)(int type, const void *src, void *dst, int cols);
     hs_mm_fn mm_q4_0, mm_q4_1, mm_q8_0;
+    int mm_cols; /* the most activation rows mm_* take a call: 8, or 4 where 0 */
     hs_wide8_fn wide8_q4_0, wide8_q4_1, wide8_q8_0; /* optional */
     /* Optional: products of many activation rows on a matrix unit, in bf16 with fp32 sums.
      * Activations come as floats: wide_pack writes `rows` (0..HS_WIDE_ROWS) rows of x, `cols`

@@ -344,7 +344,8 @@ typedef struct {
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
  * activations of a pass stay in L2 while the weight rows stream through. */
 #define COL_CHUNK 32
-/* Weight rows and activation rows per packed product (the kernels' widest tile). */
+/* Weight rows and activation rows per packed product (the kernels' widest tile; activation
+ * rows up to the variant's mm_cols where it sets one). */
 #define MM_TILE 4
 
 static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
@@ -374,11 +375,12 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
                         t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
                         out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
         if (i0 >= c1) continue;
+        const int ct = t->k->mm_cols ? t->k->mm_cols : MM_TILE;
         for (int r = r0; r < r1; r += MM_TILE) {
             const int rows = r1 - r < MM_TILE ? r1 - r : MM_TILE;
-            for (int i = i0; i < c1; i += MM_TILE)
+            for (int i = i0; i < c1; i += ct)
                 mm(nb, data + (size_t)r * w->row_bytes, w->row_bytes, rows,
-                   t->qa + (size_t)i * t->qa_stride, t->qa_stride, c1 - i < MM_TILE ? c1 - i : MM_TILE,
+                   t->qa + (size_t)i * t->qa_stride, t->qa_stride, c1 - i < ct ? c1 - i : ct,
                    out + (size_t)i * w->rows + r, (size_t)w->rows);
         }
     }

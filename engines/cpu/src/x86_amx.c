@@ -736,6 +736,7 @@ static void swiglu_wide(size_t n, float *gate, const float *up) {
 static const hs_kernels table = {
     .name = "amx",
     AVX512_KERNELS,
+    .mm_cols = 8, /* 1 x 8 register tiles for 8 activation rows (x86_avx512.c's TILES) */
     .attend_exact = HS_EXACT_F16, /* attend_f16 (decode) is avx512vnni's; attend_rows its own */
     .wide8_q4_0 = wide8_q4_0,
     .wide8_q4_1 = wide8_q4_1,

@@ -187,7 +187,7 @@ enum { Q4_0, Q4_1, Q8_0 };
  * lanes past t meet zero scales (masked loads, zero-padded activations) and add +0. */
 static inline __attribute__((always_inline)) void scale_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512i s[4][4], __m512 acc[4][4]) {
+    size_t wstride, const act_group *a, size_t astride, __m512i s[4][8], __m512 acc[4][8]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __mmask16 dm = (__mmask16)((1u << t) - 1);
@@ -249,13 +249,13 @@ static inline __attribute__((always_inline)) void weight_chunk(const int kind, c
  * per pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
 static inline __attribute__((always_inline)) void group_step(
     const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][8]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
-    const act_group *y[4];
+    const act_group *y[8];
     for (int c = 0; c < C; c++)
         y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
-    __m512i s[4][4];
+    __m512i s[4][8];
     for (int c = 0; c < C; c++) {
         const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
                           : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
@@ -265,9 +265,19 @@ static inline __attribute__((always_inline)) void group_step(
     /* each weight row's chunk used as soon as it is loaded (fewer registers live). q4 in R x 2
      * and R x 1 tiles unpacked all R rows' chunks first until a model-level A/B
      * (cpu_engine_profile --baseline, 2-core VM, 5 processes per build) put this order level or
-     * ahead: the 1.1B's prefill +8 %, SmolLM2 q4_0's batch 1 +7.5 % (its 4 x 1 tiles); not
-     * measured on an AMX host (docs/benchmarks.md) */
+     * ahead: the 1.1B's prefill +8 %, SmolLM2 q4_0's batch 1 +7.5 % (its 4 x 1 tiles); level
+     * on the AMX host (docs/benchmarks.md) */
     for (int k = 0; k < 4; k++) {
+        if (C > 4) { /* 1 x 8 (R is 1): one weight chunk for all C rows, each activation
+                      * chunk read where it is used (16 of them would not fit the registers) */
+            __m512i wl, wh;
+            weight_chunk(kind, t, qm, w + (size_t)g * GROUP * qbytes, k, &wl, &wh);
+            for (int c = 0; c < C; c++)
+                s[0][c] = _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(s[0][c], wl, _mm512_load_si512(y[c]->lo[k])), wh,
+                    _mm512_load_si512(y[c]->hi[k]));
+            continue;
+        }
         __m512i ylo[4], yhi[4];
         for (int c = 0; c < C; c++)
             ylo[c] = _mm512_load_si512(y[c]->lo[k]), yhi[c] = _mm512_load_si512(y[c]->hi[k]);
@@ -291,7 +301,7 @@ static inline __attribute__((always_inline)) void group_step(
  * that meet zero scales. */
 static inline __attribute__((always_inline)) void tail_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][4]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][8]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __m512i low4 = _mm512_set1_epi8(0x0f), lane = _mm512_setr_epi32(
@@ -299,7 +309,7 @@ static inline __attribute__((always_inline)) void tail_step(
     const __m512i down2 = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * t)),
                   down1 = _mm512_add_epi32(lane, _mm512_set1_epi32(t)); /* (mod 16) */
     const __mmask64 qm = t == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
-    __m512i wl[4], wh[4], s[4][4];
+    __m512i wl[4], wh[4], s[4][8];
     for (int r = 0; r < R; r++) {
         const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
         _mm_prefetch((const char *)q + PREFETCH, PF_HINT); /* as group_step's (a row's last lines) */
@@ -355,7 +365,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,
                                                        float *out, size_t ostride) {
-    __m512 acc[4][4];
+    __m512 acc[4][8];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
@@ -365,12 +375,16 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
     else if (full < ng)
         group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
-    if (R * C == 8) { /* 4 x 2 or 2 x 4: lane r + R c of the sums holds pair (r, c) */
+    if (R * C == 8) { /* 4 x 2, 2 x 4 or 1 x 8: lane r + R c of the sums holds pair (r, c) */
         __m512 v[8];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) v[r + R * c] = acc[r][c];
         const __m256 sums = reduce8x16(v);
-        if (R == 4) {
+        if (R == 1) {
+            _Alignas(32) float lane[8];
+            _mm256_store_ps(lane, sums);
+            for (int c = 0; c < 8; c++) out[(size_t)c * ostride] = lane[c];
+        } else if (R == 4) {
             _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
             _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
         } else {
@@ -386,7 +400,15 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         for (int c = 0; c < C; c++) out[(size_t)c * ostride + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* Up to 4 weight rows x 4 activation rows a call. Eight pairs at most fit the 32 registers
+/* Up to 4 weight rows x 8 activation rows a call (mm_cols: 8 in the amx variant, 4 in
+ * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of at most
+ * TILE_1X8_BLOCKS blocks take 1 x 8 tiles, each weight chunk unpacked once for all eight and
+ * the eight rows' chunks read from L1 (40 bytes a block each: 40 KiB at 128 blocks, within a
+ * 48 KiB L1); wider rows, and 5-7 activation rows, four and then the rest. On the AMX host
+ * (one-host A/B against 2 x 4 tiles, docs/benchmarks.md, third session of 2026-11-28) the 1 x 8
+ * tiles made the 8B's 128-block gate/up phase 11 % faster at 8 sequences and the 1.1B's
+ * 64-block one 8 %, but the 1.1B's 176-block down projection 15 % slower (the 8B's 448-block
+ * one level). Eight pairs at most fit the 32 registers
  * (each holds an integer sum and an accumulator through a group). Narrow rows (under
  * HS_WIDE_ROW_BLOCKS, the line of model.c's tile_rows) with 4 activation rows take 2 x 4
  * tiles, each weight chunk unpacked once serving four activation rows and each activation chunk
@@ -398,8 +420,8 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
  * (cpu_engine_profile --baseline, docs/benchmarks.md, fifth round). The amx variant (Intel
  * hosts) takes 2 x 4 tiles at every width instead: on the 16-core AMX host, where 16 activation
  * rows or more go to the tile unit, they made 8 sequences 7 % (8B q4_0) and 9 % (1.1B) faster,
- * 4 sequences level (+4 %, -2 %), batch 1 untouched (docs/benchmarks.md, "2 x 4 tiles on the
- * host"). TILE_2X4_BELOW: the rows (in blocks) under which 2 x 4 tiles are taken. */
+ * 4 sequences level (+4 %, -2 %), batch 1 untouched (docs/benchmarks.md, the third session
+ * of 2026-11-28). TILE_2X4_BELOW: the rows (in blocks) under which 2 x 4 tiles are taken. */
 #ifndef TILE_2X4_BELOW
 #ifdef HS_AMX
 #define TILE_2X4_BELOW INT_MAX
@@ -407,6 +429,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 #define TILE_2X4_BELOW HS_WIDE_ROW_BLOCKS
 #endif
 #endif
+#define TILE_1X8_BLOCKS 128
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
@@ -433,6 +456,18 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
         const act_group *y = a;                                                                \
+        if (ncols == 8 && nb <= TILE_1X8_BLOCKS) { /* 1 x 8 tiles, a weight row each */       \
+            for (int r = 0; r < nrows; r++)                                                    \
+                tile(KIND, 1, 8, nb, (const uint8_t *)w + (size_t)r * wstride, wstride, y,      \
+                     astride, out + r, ostride);                                               \
+            return;                                                                            \
+        }                                                                                      \
+        if (ncols > 4) { /* 5-7: four, then the rest */                                        \
+            NAME(nb, w, wstride, nrows, a, astride, 4, out, ostride);                          \
+            NAME(nb, w, wstride, nrows, (const char *)a + 4 * astride, astride, ncols - 4,     \
+                 out + 4 * ostride, ostride);                                                  \
+            return;                                                                            \
+        }                                                                                      \
         switch (nrows) {                                                                       \
         case 1: TILE_COLS(KIND, 1)                                                             \
         case 2: TILE_COLS(KIND, 2)                                                             \

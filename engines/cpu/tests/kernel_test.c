@@ -337,8 +337,9 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
  * other ways than main's 17 blocks (16 + 1, the one-vector tail): 18 blocks (16 + 2,
  * SmolLM2's), 22 (16 + 6: masked loads with q8_0's chunks side by side) and 29 (16 + 13),
  * narrow rows (2 x 4 register tiles), and 37 (32 + 5: wide rows, 4 x 2 tiles; amx's 2 x 4),
- * at 1, 6 and 21 activation rows (amx: 21 is one group of 16 on the int8 tile unit plus 5 on the register
- * tiles), against the reference with main's tolerance. */
+ * at 1, 6, 8, 13 and 21 activation rows (amx: 8 is one 1 x 8 tile per weight row, 13 one and
+ * 4 + 1 after it, 21 one group of 16 on the int8 tile unit plus 5 on the register tiles),
+ * against the reference with main's tolerance. */
 static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
     enum { N = 21 };
     const int widths[] = {18 * HS_QK, 22 * HS_QK, 29 * HS_QK, 37 * HS_QK};
@@ -363,8 +364,8 @@ static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
             for (int v = 0; v < NAMES; v++) {
                 const hs_kernels *k = hs_kernels_by_name(names[v]);
                 if (!k) continue;
-                const int batches[] = {1, 6, N};
-                for (int bi = 0; bi < 3; bi++) {
+                const int batches[] = {1, 6, 8, 13, N};
+                for (int bi = 0; bi < 5; bi++) {
                     const int n = batches[bi];
                     if (k->wide && n >= hs_wide_min_rows()) continue;
                     hs_matmul(pool, &hs_kernels_ref, 1, &mat, n, x, expect);
