@@ -268,14 +268,17 @@ static inline __attribute__((always_inline)) void group_step(
      * ahead: the 1.1B's prefill +8 %, SmolLM2 q4_0's batch 1 +7.5 % (its 4 x 1 tiles); level
      * on the AMX host (docs/benchmarks.md) */
     for (int k = 0; k < 4; k++) {
-        if (C > 4) { /* 1 x 8 (R is 1): one weight chunk for all C rows, each activation
-                      * chunk read where it is used (16 of them would not fit the registers) */
-            __m512i wl, wh;
-            weight_chunk(kind, t, qm, w + (size_t)g * GROUP * qbytes, k, &wl, &wh);
-            for (int c = 0; c < C; c++)
-                s[0][c] = _mm512_dpbusd_epi32(
-                    _mm512_dpbusd_epi32(s[0][c], wl, _mm512_load_si512(y[c]->lo[k])), wh,
-                    _mm512_load_si512(y[c]->hi[k]));
+        if (C > 4) { /* 1 x 8 (TILES' only R for it): each weight chunk for all C rows, each
+                      * activation chunk read where it is used (16 would not fit the registers) */
+            for (int r = 0; r < R; r++) {
+                __m512i wl, wh;
+                weight_chunk(kind, t, qm, w + (size_t)r * wstride + (size_t)g * GROUP * qbytes,
+                             k, &wl, &wh);
+                for (int c = 0; c < C; c++)
+                    s[r][c] = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(s[r][c], wl, _mm512_load_si512(y[c]->lo[k])), wh,
+                        _mm512_load_si512(y[c]->hi[k]));
+            }
             continue;
         }
         __m512i ylo[4], yhi[4];
@@ -403,8 +406,8 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 /* Up to 4 weight rows x 8 activation rows a call (mm_cols: 8 in the amx variant, 4 in
  * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of at most
  * TILE_1X8_BLOCKS blocks take 1 x 8 tiles, each weight chunk unpacked once for all eight and
- * the eight rows' chunks read from L1 (40 bytes a block each: 40 KiB at 128 blocks, within a
- * 48 KiB L1); wider rows, and 5-7 activation rows, four and then the rest. On the AMX host
+ * the eight rows' chunks read from L1 (40 bytes a block each, q4_1 44: 40-44 KiB at 128
+ * blocks, within a 48 KiB L1); wider rows, and 5-7 activation rows, four and then the rest. On the AMX host
  * (one-host A/B against 2 x 4 tiles, docs/benchmarks.md, third session of 2026-11-28) the 1 x 8
  * tiles made the 8B's 128-block gate/up phase 11 % faster at 8 sequences and the 1.1B's
  * 64-block one 8 %, but the 1.1B's 176-block down projection 15 % slower (the 8B's 448-block
@@ -429,7 +432,9 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 #define TILE_2X4_BELOW HS_WIDE_ROW_BLOCKS
 #endif
 #endif
+#ifndef TILE_1X8_BLOCKS
 #define TILE_1X8_BLOCKS 128
+#endif
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
     case 1: tile(KIND, R, 1, nb, w, wstride, y, astride, out, ostride); return;                     \
@@ -462,7 +467,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                      astride, out + r, ostride);                                               \
             return;                                                                            \
         }                                                                                      \
-        if (ncols > 4) { /* 5-7: four, then the rest */                                        \
+        if (ncols > 4) { /* 5-7, or 8 on wider rows: four, then the rest */                    \
             NAME(nb, w, wstride, nrows, a, astride, 4, out, ostride);                          \
             NAME(nb, w, wstride, nrows, (const char *)a + 4 * astride, astride, ncols - 4,     \
                  out + 4 * ostride, ostride);                                                  \
