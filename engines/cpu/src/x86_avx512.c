@@ -404,15 +404,17 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 }
 
 /* Up to 4 weight rows x 8 activation rows a call (mm_cols: 8 in the amx variant, 4 in
- * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of at most
+ * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of TILE_1X8_FROM to
  * TILE_1X8_BLOCKS blocks take 1 x 8 tiles, each weight chunk unpacked once for all eight and
  * the eight rows' chunks read from L1 (40 bytes a block each, q4_1 44: 40-44 KiB at 128
- * blocks, within a 48 KiB L1); wider rows, and 5-7 activation rows, four and then the rest. On the AMX host
- * (one-host A/B against 2 x 4 tiles, docs/benchmarks.md, third session of 2026-11-28) the 1 x 8
- * tiles made the 8B's 128-block gate/up phase 11 % faster at 8 sequences and the 1.1B's
- * 64-block one 8 %, but the 1.1B's 176-block down projection 15 % slower (the 8B's 448-block
- * one level). Eight pairs at most fit the 32 registers
- * (each holds an integer sum and an accumulator through a group). Narrow rows (under
+ * blocks, within a 48 KiB L1); other rows, and 5-7 activation rows, four and then the rest.
+ * On the AMX host (one-host A/B against 2 x 4 tiles, docs/benchmarks.md, third session of
+ * 2026-11-28) the 1 x 8 tiles made the 8B's 128-block gate/up phase 11 % faster at 8
+ * sequences and the 1.1B's 64-block one 8 %, but the 1.1B's 176-block down projection 15 %
+ * slower (the 8B's 448-block one level). Rows under 64 blocks were not measured on the host
+ * (on the VM's Zen 4, 1 x 8 made a 48-block down projection 14-33 % slower), so they keep
+ * 2 x 4. Eight pairs at most fit the 32 registers (each holds an integer sum and an
+ * accumulator through a group). Narrow rows (under
  * HS_WIDE_ROW_BLOCKS, the line of model.c's tile_rows) with 4 activation rows take 2 x 4
  * tiles, each weight chunk unpacked once serving four activation rows and each activation chunk
  * loaded once two weight rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On
@@ -434,6 +436,9 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 #endif
 #ifndef TILE_1X8_BLOCKS
 #define TILE_1X8_BLOCKS 128
+#endif
+#ifndef TILE_1X8_FROM
+#define TILE_1X8_FROM 64
 #endif
 #define TILE_COLS(KIND, R)                                                                      \
     switch (ncols) {                                                                           \
@@ -461,7 +466,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
         const act_group *y = a;                                                                \
-        if (ncols == 8 && nb <= TILE_1X8_BLOCKS) { /* 1 x 8 tiles, a weight row each */       \
+        if (ncols == 8 && nb >= TILE_1X8_FROM && nb <= TILE_1X8_BLOCKS) { /* 1 x 8 tiles */   \
             for (int r = 0; r < nrows; r++)                                                    \
                 tile(KIND, 1, 8, nb, (const uint8_t *)w + (size_t)r * wstride, wstride, y,      \
                      astride, out + r, ostride);                                               \
