@@ -182,12 +182,21 @@ static void unpack_row(int type, const void *src, void *dst, int cols) {
 
 enum { Q4_0, Q4_1, Q8_0 };
 
+/* The most activation rows a register tile takes: 8 in the amx variant (its 1 x 8 tiles,
+ * mm_cols 8), 4 elsewhere (avx512vnni's products take at most 4 a call). */
+#ifdef HS_AMX
+#define TILE_MAX_C 8
+#else
+#define TILE_MAX_C 4
+#endif
+
 /* The float part of a group of t blocks: per pair and lane (block) j,
  * acc = fma(cvt(s) * d_act, d_weight, acc), q4_1's acc = fma(m, d_act * sum, acc) after it;
  * lanes past t meet zero scales (masked loads, zero-padded activations) and add +0. */
 static inline __attribute__((always_inline)) void scale_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512i s[4][8], __m512 acc[4][8]) {
+    size_t wstride, const act_group *a, size_t astride, __m512i s[4][TILE_MAX_C],
+    __m512 acc[4][TILE_MAX_C]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __mmask16 dm = (__mmask16)((1u << t) - 1);
@@ -249,13 +258,13 @@ static inline __attribute__((always_inline)) void weight_chunk(const int kind, c
  * per pair one convert, one multiply and one FMA (q4_1: a second FMA, its minimums). */
 static inline __attribute__((always_inline)) void group_step(
     const int kind, const int R, const int C, int g, const int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][8]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][TILE_MAX_C]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
-    const act_group *y[8];
+    const act_group *y[TILE_MAX_C];
     for (int c = 0; c < C; c++)
         y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
-    __m512i s[4][8];
+    __m512i s[4][TILE_MAX_C];
     for (int c = 0; c < C; c++) {
         const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
                           : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
@@ -304,7 +313,7 @@ static inline __attribute__((always_inline)) void group_step(
  * that meet zero scales. */
 static inline __attribute__((always_inline)) void tail_step(
     const int kind, const int R, const int C, int g, int t, int nb, const uint8_t *w,
-    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][8]) {
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][TILE_MAX_C]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int ng = (nb + GROUP - 1) / GROUP;
     const __m512i low4 = _mm512_set1_epi8(0x0f), lane = _mm512_setr_epi32(
@@ -312,7 +321,7 @@ static inline __attribute__((always_inline)) void tail_step(
     const __m512i down2 = _mm512_add_epi32(lane, _mm512_set1_epi32(2 * t)),
                   down1 = _mm512_add_epi32(lane, _mm512_set1_epi32(t)); /* (mod 16) */
     const __mmask64 qm = t == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * t)) - 1);
-    __m512i wl[4], wh[4], s[4][8];
+    __m512i wl[4], wh[4], s[4][TILE_MAX_C];
     for (int r = 0; r < R; r++) {
         const uint8_t *q = w + (size_t)r * wstride + (size_t)g * GROUP * qbytes;
         _mm_prefetch((const char *)q + PREFETCH, PF_HINT); /* as group_step's (a row's last lines) */
@@ -368,7 +377,7 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,
                                                        float *out, size_t ostride) {
-    __m512 acc[4][8];
+    __m512 acc[4][TILE_MAX_C];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
@@ -466,13 +475,13 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
         const act_group *y = a;                                                                \
-        if (ncols == 8 && nb >= TILE_1X8_FROM && nb <= TILE_1X8_BLOCKS) { /* 1 x 8 tiles */   \
+        if (TILE_MAX_C == 8 && ncols == 8 && nb >= TILE_1X8_FROM && nb <= TILE_1X8_BLOCKS) {   \
             for (int r = 0; r < nrows; r++)                                                    \
-                tile(KIND, 1, 8, nb, (const uint8_t *)w + (size_t)r * wstride, wstride, y,      \
-                     astride, out + r, ostride);                                               \
+                tile(KIND, 1, TILE_MAX_C, nb, (const uint8_t *)w + (size_t)r * wstride,        \
+                     wstride, y, astride, out + r, ostride);                                   \
             return;                                                                            \
         }                                                                                      \
-        if (ncols > 4) { /* 5-7, or 8 on wider rows: four, then the rest */                    \
+        if (TILE_MAX_C > 4 && ncols > 4) { /* 5-7, or 8 outside that range: 4, the rest */     \
             NAME(nb, w, wstride, nrows, a, astride, 4, out, ostride);                          \
             NAME(nb, w, wstride, nrows, (const char *)a + 4 * astride, astride, ncols - 4,     \
                  out + 4 * ostride, ostride);                                                  \
