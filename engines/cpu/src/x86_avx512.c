@@ -371,6 +371,22 @@ static inline __m256 reduce8x16(const __m512 v[8]) {
         _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums));
 }
 
+/* Groups g0..g1 - 1 of R weight rows x C activation rows into acc (the row's partial last
+ * group where g1 is its group count); all but g0, g1 constants after inlining. Per group of 16
+ * blocks and pair: eight vpdpbusd, one convert, one multiply, one FMA. */
+static inline __attribute__((always_inline)) void tile_groups(
+    const int kind, const int R, const int C, int g0, int g1, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, __m512 acc[4][TILE_MAX_C]) {
+    const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
+    for (int g = g0; g < (g1 < full ? g1 : full); g++)
+        group_step(kind, R, C, g, GROUP, nb, w, wstride, a, astride, acc);
+    if (g1 < ng || full == ng) return;
+    if (nb - full * GROUP <= 4)
+        tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
+    else
+        group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
+}
+
 /* R weight rows x C activation rows, all constants after inlining. Per group of 16 blocks and
  * pair: eight vpdpbusd, one convert, one multiply, one FMA. */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
@@ -387,16 +403,12 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
     else if (full < ng)
         group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
-    if (R * C == 8) { /* 4 x 2, 2 x 4 or 1 x 8: lane r + R c of the sums holds pair (r, c) */
+    if (R * C == 8) { /* 4 x 2 or 2 x 4: lane r + R c of the sums holds pair (r, c) */
         __m512 v[8];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) v[r + R * c] = acc[r][c];
         const __m256 sums = reduce8x16(v);
-        if (R == 1) {
-            _Alignas(32) float lane[8];
-            _mm256_store_ps(lane, sums);
-            for (int c = 0; c < 8; c++) out[(size_t)c * ostride] = lane[c];
-        } else if (R == 4) {
+        if (R == 4) {
             _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
             _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
         } else {
@@ -412,18 +424,49 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
         for (int c = 0; c < C; c++) out[(size_t)c * ostride + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
+#ifndef TILE_1X8_GROUPS
+#define TILE_1X8_GROUPS 4
+#endif
+/* nrows (at most 4) weight rows x 8 activation rows in 1 x 8 tiles, the row cut into spans of
+ * TILE_1X8_GROUPS groups: each span's eight activation chunks (40 bytes a block each, q4_1 44)
+ * stay in L1 while every weight row meets them, the accumulators kept between spans (the
+ * same groups in the same order: the same bits as whole rows). */
+static inline __attribute__((always_inline)) void tiles_1x8(const int kind, int nb,
+                                                            const uint8_t *w, size_t wstride,
+                                                            int nrows, const act_group *a,
+                                                            size_t astride, float *out,
+                                                            size_t ostride) {
+    const int ng = (nb + GROUP - 1) / GROUP;
+    __m512 acc[4][TILE_MAX_C];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < TILE_MAX_C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int g0 = 0; g0 < ng; g0 += TILE_1X8_GROUPS) {
+        const int g1 = ng - g0 < TILE_1X8_GROUPS ? ng : g0 + TILE_1X8_GROUPS;
+        for (int r = 0; r < nrows; r++)
+            tile_groups(kind, 1, TILE_MAX_C, g0, g1, nb, w + (size_t)r * wstride, wstride, a,
+                        astride, acc + r);
+    }
+    for (int r = 0; r < nrows; r++) { /* lane c of the sums holds activation row c's */
+        _Alignas(32) float lane[8];
+        _mm256_store_ps(lane, reduce8x16(acc[r]));
+        for (int c = 0; c < 8; c++) out[(size_t)c * ostride + r] = lane[c];
+    }
+}
+
 /* Up to 4 weight rows x 8 activation rows a call (mm_cols: 8 in the amx variant, 4 in
- * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of TILE_1X8_FROM to
- * TILE_1X8_BLOCKS blocks take 1 x 8 tiles, each weight chunk unpacked once for all eight and
- * the eight rows' chunks read from L1 (40 bytes a block each, q4_1 44: 40-44 KiB at 128
- * blocks, within a 48 KiB L1); other rows, and 5-7 activation rows, four and then the rest.
- * On the AMX host (one-host A/B against 2 x 4 tiles, docs/benchmarks.md, third session of
- * 2026-11-28) the 1 x 8 tiles made the 8B's 128-block gate/up phase 11 % faster at 8
- * sequences and the 1.1B's 64-block one 8 %, but the 1.1B's 176-block down projection 15 %
- * slower (the 8B's 448-block one level). Rows under 64 blocks were not measured on the host
- * (on the VM's Zen 4, 1 x 8 made a 48-block down projection 14-33 % slower), so they keep
- * 2 x 4. Eight pairs at most fit the 32 registers (each holds an integer sum and an
- * accumulator through a group). Narrow rows (under
+ * avx512vnni, whose callers pass at most 4). Eight activation rows on rows of TILE_1X8_FROM
+ * blocks or more take 1 x 8 tiles (tiles_1x8: spans of 64 blocks), each weight chunk unpacked
+ * once for all eight and the eight rows' chunks read from L1 (a span's are 20-22 KiB); other
+ * rows, and 5-7 activation rows, four and then the rest. On the AMX host (one-host A/Bs,
+ * docs/benchmarks.md, the sessions of 2026-11-28) whole-row 1 x 8 tiles made the 8B's
+ * 128-block gate/up phase 11 % faster at 8 sequences on one machine and 10 % slower on
+ * another, the 1.1B's 64-block one 8 % faster, its 176-block down projection 15 % slower; in
+ * spans of 64 blocks, against 2 x 4 tiles, 8 sequences ran 12 % (8B q4_0) and 5 % (1.1B)
+ * faster, 12 sequences 8 % (1.1B), the down projections 16 % (448 blocks) and 4 % (176)
+ * faster; spans of 32 blocks were 2-11 % slower than spans of 64. Rows under 64 blocks were
+ * not measured on the host (on the VM's Zen 4, 1 x 8 made a 48-block down projection 14-33 %
+ * slower), so they keep 2 x 4. Eight pairs at most fit the 32 registers (each holds an integer
+ * sum and an accumulator through a group). Narrow rows (under
  * HS_WIDE_ROW_BLOCKS, the line of model.c's tile_rows) with 4 activation rows take 2 x 4
  * tiles, each weight chunk unpacked once serving four activation rows and each activation chunk
  * loaded once two weight rows; the rest 4 x 2 (R x 1 for one token). Same bits either way. On
@@ -442,9 +485,6 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
 #else
 #define TILE_2X4_BELOW HS_WIDE_ROW_BLOCKS
 #endif
-#endif
-#ifndef TILE_1X8_BLOCKS
-#define TILE_1X8_BLOCKS 128
 #endif
 #ifndef TILE_1X8_FROM
 #define TILE_1X8_FROM 64
@@ -475,13 +515,11 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
     static void NAME(int nb, const void *w, size_t wstride, int nrows, const void *a,          \
                      size_t astride, int ncols, float *out, size_t ostride) {                  \
         const act_group *y = a;                                                                \
-        if (TILE_MAX_C == 8 && ncols == 8 && nb >= TILE_1X8_FROM && nb <= TILE_1X8_BLOCKS) {   \
-            for (int r = 0; r < nrows; r++)                                                    \
-                tile(KIND, 1, TILE_MAX_C, nb, (const uint8_t *)w + (size_t)r * wstride,        \
-                     wstride, y, astride, out + r, ostride);                                   \
+        if (TILE_MAX_C == 8 && ncols == 8 && nb >= TILE_1X8_FROM) {                            \
+            tiles_1x8(KIND, nb, w, wstride, nrows, y, astride, out, ostride);                  \
             return;                                                                            \
         }                                                                                      \
-        if (TILE_MAX_C > 4 && ncols > 4) { /* 5-7, or 8 outside that range: 4, the rest */     \
+        if (TILE_MAX_C > 4 && ncols > 4) { /* 5-7, or 8 on narrower rows: 4, the rest */       \
             NAME(nb, w, wstride, nrows, a, astride, 4, out, ostride);                          \
             NAME(nb, w, wstride, nrows, (const char *)a + 4 * astride, astride, ncols - 4,     \
                  out + 4 * ostride, ostride);                                                  \

@@ -336,22 +336,24 @@ static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
 /* Products of rows whose last group of 16 blocks (the packed x86 layout's) is partial in
  * other ways than main's 17 blocks (16 + 1, the one-vector tail): 18 blocks (16 + 2,
  * SmolLM2's), 22 (16 + 6: masked loads with q8_0's chunks side by side) and 29 (16 + 13),
- * narrow rows (2 x 4 register tiles), 37 (32 + 5: wide rows, 4 x 2 tiles; amx's 2 x 4), 70
- * (64 + 6: within amx's 1 x 8 range, 64-128 blocks) and 130 (128 + 2: past it), at 1, 6, 8, 13
- * and 21 activation rows (amx: 8 is one 1 x 8 tile per weight row on 70 blocks and 4 + 4
- * elsewhere, 13 that and then 4 + 1, 21 one group of 16 on the int8 tile unit plus 5 on the
- * register tiles), against the reference with main's tolerance. */
+ * narrow rows (2 x 4 register tiles), 37 (32 + 5: wide rows, 4 x 2 tiles; amx's 2 x 4), and
+ * amx's 1 x 8 tiles in spans of 4 groups from 64 blocks on: 70 (a span, then a partial group of
+ * 6 alone), 100 (a span, then 2 groups and the one-vector tail of 4), 130 (two spans, then the
+ * tail of 2 alone) and 200 (three spans, then a partial group of 8), at 1, 6, 8, 13 and 21
+ * activation rows (amx: 8 is 1 x 8 tiles from 64 blocks on and 4 + 4 under, 13 that and then
+ * 4 + 1, 21 one group of 16 on the int8 tile unit plus 5 on the register tiles), against the
+ * reference with main's tolerance. */
 static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
     enum { N = 21 };
     const int widths[] = {18 * HS_QK, 22 * HS_QK, 29 * HS_QK, 37 * HS_QK, 70 * HS_QK,
-                          130 * HS_QK};
+                          100 * HS_QK, 130 * HS_QK, 200 * HS_QK};
     const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
     /* 36-39 weight rows on one thread (the last product has 4, 3, 2 or 1 rows) and on three
      * (split by 4 for narrow rows, by 1 for wide ones): every register tile shape, against 1-8
      * activation rows a product */
     for (int pi = 0; pi < 2; pi++)
     for (int ri = 0; ri < 4; ri++)
-    for (int wi = 0; wi < 6; wi++) {
+    for (int wi = 0; wi < 8; wi++) {
         hs_pool *pool = pools[pi];
         const int cols = widths[wi], R = 36 + ri;
         float *w = malloc(sizeof(float) * R * cols), *x = malloc(sizeof(float) * N * cols);
