@@ -72,7 +72,7 @@ void *hs_alloc_large(size_t bytes) {
 
 /* Activation rows from which a product goes to the kernel's bf16 matrix-unit path (wide), where
  * it has one: HETEROSERVE_WIDE_MIN (>= 2), else WIDE_MIN. Below it, the int8 tile products
- * (wide8, from 16 rows) and the register tiles. The bf16 path dequantizes every weight of a
+ * (wide8, from WIDE8_MIN rows) and the register tiles. The bf16 path dequantizes every weight of a
  * product once, whatever its rows. On the 16-core host (tests/bench/cpu_engine_profile) it took
  * 277 ms for an 8B step of 16 sequences against the int8 tiles' 136 ms (cpu_engine_vs_llamacpp),
  * and prefilled 2.2x the register tiles' rate; 48 is an estimate from single-core costs on the
@@ -344,6 +344,14 @@ typedef struct {
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
  * activations of a pass stay in L2 while the weight rows stream through. */
 #define COL_CHUNK 32
+/* Activation rows (of a COL_CHUNK pass) from which the kernel's int8 tile-unit products
+ * (wide8, amx) take every whole group of 16; fewer run on the register tiles (amx's 1 x 8). On
+ * the 16-core host (cpu_engine_profile --baseline, 5 processes a build, each A/B on one
+ * machine) 16 rows on the register tiles ran the 1.1B's step 12-16 % faster than on the tile
+ * unit and the 8B's (q4_0) 2-4 %, 20 rows 9 % and level; at 24 rows the tile unit's 16 plus
+ * 8 was 5 % ahead on the 8B and 3 % behind on the 1.1B (docs/benchmarks.md, the fourth session
+ * of 2026-11-28). */
+#define WIDE8_MIN 24
 /* Weight rows and activation rows per packed product (the kernels' widest tile; activation
  * rows up to the variant's mm_cols where it sets one). */
 #define MM_TILE 4
@@ -370,7 +378,8 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
     for (int c0 = 0; c0 < t->n; c0 += COL_CHUNK) {
         const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
         int i0 = c0;
-        if (wide8 && r1 > r0) /* int8 tile-unit products first; the columns they leave, below */
+        if (wide8 && r1 > r0 && c1 - c0 >= WIDE8_MIN) /* int8 tile-unit products first; the
+                                                        * columns they leave, below */
             i0 += wide8(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
                         t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
                         out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
