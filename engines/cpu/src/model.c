@@ -716,9 +716,10 @@ static void attn_combine(void *p, int ith, int nth) {
  * elements are split across the pool and the few rows quantized after it. */
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
-/* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more:
- * from there amx computes its products on the tile unit, so its results differ from
- * avx512vnni's anyway, while a decode step of fewer sequences stays bit for bit avx512vnni's
+/* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more
+ * (from WIDE8_MIN on, amx's products run on the tile unit and differ from avx512vnni's anyway;
+ * at 16-23 its register-tile products do not, its SwiGLU does), while a decode step of fewer
+ * sequences stays bit for bit avx512vnni's
  * (k->swiglu, or the scalar loop: glibc's expf), which the exact KV hand-off relies on
  * (prefill/exact.py). */
 #define SWIGLU_VECTOR_MIN 16
