@@ -214,10 +214,7 @@ class ControlPlane:
             "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
             "--profiling=false", "--v=1",
         ])
-        for name in ("kube-controller-manager", "kube-scheduler"):
-            port = self.ports["controller-manager" if "controller" in name else "scheduler"]
-            self._wait(name, lambda port=port: httpx.get(
-                f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2).text == "ok")
+        self._wait_controllers_healthy()
         # The ServiceAccount controller creates `default` in every namespace; pods need it.
         self._wait("default ServiceAccount", lambda: self.kubectl(
             "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0)
@@ -294,11 +291,15 @@ class ControlPlane:
         started = time.monotonic()
         for name in ("kube-controller-manager", "kube-scheduler"):
             self._respawn(name, signal.SIGTERM, 0.0)
-        for name in ("kube-controller-manager", "kube-scheduler"):
-            port = self.ports["controller-manager" if "controller" in name else "scheduler"]
+        self._wait_controllers_healthy()
+        return time.monotonic() - started
+
+    def _wait_controllers_healthy(self) -> None:
+        """Returns when kube-controller-manager and kube-scheduler both answer /healthz."""
+        for name, port in (("kube-controller-manager", self.ports["controller-manager"]),
+                           ("kube-scheduler", self.ports["scheduler"])):
             self._wait(name, lambda port=port: httpx.get(
                 f"https://127.0.0.1:{port}/healthz", verify=False, timeout=2).text == "ok")
-        return time.monotonic() - started
 
     def _respawn(self, name: str, sig: int, down_seconds: float) -> None:
         """Stops component `name` with `sig`, waits `down_seconds`, starts it again with the
