@@ -203,7 +203,7 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
  * statement of this arithmetic, bit for bit. */
 #ifdef __AVX512F__
 #define ROWS_TILE 3 /* rows whose scores of 8 positions are accumulated at once (32 registers) */
-#define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once */
+#define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once (5 measured level, 6 slower) */
 #else
 #define ROWS_TILE 1
 #define AXPY_ROWS 2
@@ -381,17 +381,31 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
         if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
 #endif
     const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
-    for (int r0 = first; r0 < last; r0 += AXPY_ROWS) {
-        const int R = last - r0 < AXPY_ROWS ? last - r0 : AXPY_ROWS;
+    /* the rows in tiles of at most AXPY_ROWS, as even as they go (15: 5 + 5 + 5, not a last
+     * tile of 3 whose V rows are converted again for fewer rows) */
+    const int tiles = (last - first + AXPY_ROWS - 1) / AXPY_ROWS;
+    for (int t = 0, r0 = first; t < tiles; t++) {
+        const int R = (last - r0) / (tiles - t);
         int common = n;
         for (int r = r0; r < r0 + R; r++) common = nr[r] < common ? nr[r] : common;
         if (common < 0) common = 0;
-        if (R == AXPY_ROWS)
-            rows_axpys(AXPY_ROWS, hd, v, 0, common, w + r0, acc + r0);
-        else
-            for (int r = r0; r < r0 + R; r++) rows_axpys(1, hd, v, 0, common, w + r, acc + r);
+        switch (R) {
+#if AXPY_ROWS > 2
+#if AXPY_ROWS > 4
+#if AXPY_ROWS > 5
+        case 6: rows_axpys(6, hd, v, 0, common, w + r0, acc + r0); break;
+#endif
+        case 5: rows_axpys(5, hd, v, 0, common, w + r0, acc + r0); break;
+#endif
+        case 4: rows_axpys(4, hd, v, 0, common, w + r0, acc + r0); break;
+        case 3: rows_axpys(3, hd, v, 0, common, w + r0, acc + r0); break;
+#endif
+        case 2: rows_axpys(2, hd, v, 0, common, w + r0, acc + r0); break;
+        default: rows_axpys(1, hd, v, 0, common, w + r0, acc + r0); break;
+        }
         for (int r = r0; r < r0 + R; r++)
             if (nr[r] > common) rows_axpys(1, hd, v, common, nr[r], w + r, acc + r);
+        r0 += R;
     }
 }
 
