@@ -96,3 +96,32 @@ def test_the_attention_vector_expf_is_the_c_librarys_bit_for_bit(kernel_test):
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout
     assert re.search(r"^checked \d{8,} floats: 0 mismatches$", result.stdout, re.MULTILINE)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or "avx2" not in Path(
+    "/proc/cpuinfo").read_text(), reason="the x86 variants' attention benchmark")
+def test_the_attention_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
+    # tests/bench/attend_rows.sh (a benchmark, not a timed test): it must build from the
+    # sources as they are, give every shape its row and median, and turn bad input away.
+    root = ENGINE.parents[1]
+    env = {"PATH": "/usr/bin:/bin", "BUILD": str(tmp_path), "VARIANTS": "avx2", "ROUNDS": "2",
+           "REPS": "1", "SHAPES": "64 3 40;32 16 17"}
+    result = subprocess.run(["bash", str(root / "tests/bench/attend_rows.sh")], cwd=root,
+                            env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr
+    runs = re.findall(r"^\| cur \| avx2 \| (\d+) \| (\d+) \| (\d+) \| [\d.]+ \| ([\d.]+) \| "
+                      r"(\S+) \|$", result.stdout, re.MULTILINE)
+    shapes = sorted({r[:3] for r in runs})
+    assert shapes == [("32", "16", "17"), ("64", "3", "40")], result.stdout
+    assert len(runs) == 4 and all(float(r[3]) > 0 for r in runs), result.stdout
+    # the same input gives the same outputs, run after run
+    assert len({r[4] for r in runs if r[0] == "64"}) == 1, result.stdout
+    medians = re.findall(r"^\| cur \| avx2 \| (\d+) \| \d+ \| \d+ \| [\d.]+ \| 2 \|$",
+                         result.stdout, re.MULTILINE)
+    assert sorted(medians) == ["32", "64"], result.stdout
+    binary = tmp_path / "cur" / "attend_rows"
+    for args, message in ((["t", "no-such-variant", "64", "3", "40", "1"], "not granted"),
+                          (["t", "avx2", "48", "3", "40", "1"], "multiple of 32"),
+                          (["t", "avx2", "64"], "usage")):
+        bad = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
