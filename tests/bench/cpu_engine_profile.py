@@ -19,7 +19,9 @@ sampling, the call itself).
 Before/after: `--baseline REV` runs every configuration also on the CPU engine of revision REV
 (tests/bench/baseline.py builds it once into ~/.cache/heteroserve/baseline), the two builds in
 alternating processes (working tree, REV, working tree, ...) `--repeats` times; the table gives
-each phase's median over the repeats, the row labelled with the build.
+each phase's median over the repeats, the row labelled with the build, and beside the rate
+its range over the processes (the slowest's to the fastest's): where two builds' ranges
+overlap, the A/B has not separated them.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ def median_rows(samples: list[dict]) -> dict:
         each = [s["rows"][i] for s in samples]
         rows.append({"label": row["label"], "tokens": row["tokens"],
                      "wall": statistics.median(r["wall"] for r in each),
+                     "walls": (min(r["wall"] for r in each), max(r["wall"] for r in each)),
                      "phases": {p: statistics.median(r["phases"][p] for r in each)
                                 for p in row["phases"]}})
     return {"variant": samples[0]["variant"], "rows": rows}
@@ -147,13 +150,15 @@ def main() -> int:
     phases = list(next(iter(results.values()))["rows"][0]["phases"])
     for i, label in enumerate(labels):
         print(f"### {label}\n")
-        print("| config | tok/s | ms | " + " | ".join(phases) + " |")
-        print("|---|---|---|" + "---|" * len(phases))
+        print("| config | tok/s | tok/s range | ms | " + " | ".join(phases) + " |")
+        print("|---|---|---|---|" + "---|" * len(phases))
         for config, res in results.items():
             row = res["rows"][i]
             cells = " | ".join(f"{1e3 * row['phases'][p]:.2f}" for p in phases)
-            print(f"| {config} | {row['tokens'] / row['wall']:.1f} | {1e3 * row['wall']:.2f} | "
-                  f"{cells} |")
+            fastest, slowest = row["walls"]
+            spread = f"{row['tokens'] / slowest:.1f}-{row['tokens'] / fastest:.1f}"
+            print(f"| {config} | {row['tokens'] / row['wall']:.1f} | {spread} | "
+                  f"{1e3 * row['wall']:.2f} | {cells} |")
         print()
     return 0
 

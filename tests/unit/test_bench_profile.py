@@ -1,0 +1,25 @@
+"""cpu_engine_profile's summary of several processes: each figure the median, the rate's range
+beside it (what tells an A/B's gain from the spread between processes)."""
+
+from __future__ import annotations
+
+from tests.bench.cpu_engine_profile import median_rows
+
+
+def sample(wall: float, attention: float) -> dict:
+    return {"variant": "avx512vnni",
+            "rows": [{"label": "decode x8", "tokens": 8, "wall": wall,
+                      "phases": {"attention": attention, "down": wall / 2}}]}
+
+
+def test_medians_and_the_range_of_the_wall_times():
+    result = median_rows([sample(0.010, 0.003), sample(0.040, 0.001), sample(0.020, 0.002)])
+    row = result["rows"][0]
+    assert result["variant"] == "avx512vnni"
+    assert row["wall"] == 0.020 and row["phases"] == {"attention": 0.002, "down": 0.010}
+    assert row["walls"] == (0.010, 0.040)  # the fastest process's and the slowest's
+
+
+def test_one_process_is_its_own_range():
+    row = median_rows([sample(0.012, 0.004)])["rows"][0]
+    assert row["wall"] == row["walls"][0] == row["walls"][1] == 0.012
