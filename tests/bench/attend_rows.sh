@@ -7,12 +7,16 @@
 #   SHAPES="64 3 2048;64 8 2048" HD GROUP POSITIONS (default: SmolLM2's 64-wide heads, 3 per KV
 #                                head, and the 1.1B's 8)
 #   BASE=HEAD  ROUNDS=3  REPS=10  (best of REPS passes per run)
+#   DEFS="-DAXPY_ROWS=5"         defines for the current build only (x86_common.h's tile sizes)
+#   FMA_THREADS=2                also the vector unit's FMA rate on 1 and on this many threads
+#                                (tests/bench/fma_peak.c): the bound the attention runs against
+#                                (default: nproc; 0 leaves it out)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=${BUILD:-/tmp/attend-rows}
 rm -rf "$B" && mkdir -p "$B"
-build() { # TAG SOURCE-FOLDER
-  local o="$B/$1" S=$2 CF="-O3 -std=gnu11 -fPIC -I$2"
+build() { # TAG SOURCE-FOLDER [DEFINES]
+  local o="$B/$1" S=$2 CF="-O3 -std=gnu11 -fPIC -I$2 ${3:-}"
   mkdir -p "$o"
   gcc $CF -c "$S/ref.c" -o "$o/ref.o"
   gcc $CF -c "$S/dispatch.c" -o "$o/dispatch.o"
@@ -24,7 +28,7 @@ build() { # TAG SOURCE-FOLDER
   gcc $CF tests/bench/attend_rows.c "$o"/*.o -lm -o "$o/attend_rows"
 }
 TAGS=cur
-build cur engines/cpu/src
+build cur engines/cpu/src "${DEFS:-}"
 if [ -n "${BASE:-}" ]; then
   mkdir -p "$B/base-src"
   git archive "$BASE" engines/cpu/src | tar -x -C "$B/base-src"
@@ -32,6 +36,11 @@ if [ -n "${BASE:-}" ]; then
   TAGS="base cur"
 fi
 lscpu | grep -E "Model name|L1d|L2 cache" || true
+fma_threads=${FMA_THREADS:-$(nproc)}
+if [ "$fma_threads" != 0 ]; then
+  gcc -O2 -mavx2 -mfma tests/bench/fma_peak.c -lpthread -o "$B/fma_peak"
+  "$B/fma_peak" "$fma_threads"
+fi
 echo "| build | variant | head | heads per KV head | positions | ms (best of ${REPS:-10}) | ns per row-position | check |"
 echo "|---|---|---|---|---|---|---|---|"
 IFS=';' read -r -a shapes <<< "${SHAPES:-64 3 2048;64 8 2048}"

@@ -105,7 +105,7 @@ def test_the_attention_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
     # sources as they are, give every shape its row and median, and turn bad input away.
     root = ENGINE.parents[1]
     env = {"PATH": "/usr/bin:/bin", "BUILD": str(tmp_path), "VARIANTS": "avx2", "ROUNDS": "2",
-           "REPS": "1", "SHAPES": "64 3 40;32 16 17"}
+           "REPS": "1", "SHAPES": "64 3 40;32 16 17", "FMA_THREADS": "2"}
     result = subprocess.run(["bash", str(root / "tests/bench/attend_rows.sh")], cwd=root,
                             env=env, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, result.stderr
@@ -119,6 +119,8 @@ def test_the_attention_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
     medians = re.findall(r"^\| cur \| avx2 \| (\d+) \| \d+ \| \d+ \| [\d.]+ \| 2 \|$",
                          result.stdout, re.MULTILINE)
     assert sorted(medians) == ["32", "64"], result.stdout
+    peaks = re.findall(r"^FMA peak: (\d) thread\(s\), ([\d.]+) G", result.stdout, re.MULTILINE)
+    assert [p[0] for p in peaks] == ["1", "2"] and all(float(p[1]) > 0 for p in peaks)
     binary = tmp_path / "cur" / "attend_rows"
     for args, message in ((["t", "no-such-variant", "64", "3", "40", "1"], "not granted"),
                           (["t", "avx2", "48", "3", "40", "1"], "multiple of 32"),

@@ -388,7 +388,9 @@ static inline __attribute__((always_inline)) void tile_groups(
 }
 
 /* R weight rows x C activation rows, all constants after inlining. Per group of 16 blocks and
- * pair: eight vpdpbusd, one convert, one multiply, one FMA. */
+ * pair: eight vpdpbusd, one convert, one multiply, one FMA. (tile_groups over 0..ng in effect;
+ * written out because calling it changes GCC 12's avx512vnni code, which the VM's figures
+ * measured.) */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,

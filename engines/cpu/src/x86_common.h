@@ -203,7 +203,9 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
  * statement of this arithmetic, bit for bit. */
 #ifdef __AVX512F__
 #define ROWS_TILE 3 /* rows whose scores of 8 positions are accumulated at once (32 registers) */
-#define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once (5 measured level, 6 slower) */
+#ifndef AXPY_ROWS /* (tests/bench/attend_rows.sh DEFS=-DAXPY_ROWS=5: level; 6: slower) */
+#define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once */
+#endif
 #else
 #define ROWS_TILE 1
 #define AXPY_ROWS 2
@@ -381,8 +383,8 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
         if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
 #endif
     const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
-    /* the rows in tiles of at most AXPY_ROWS, as even as they go (15: 5 + 5 + 5, not a last
-     * tile of 3 whose V rows are converted again for fewer rows) */
+    /* the rows in tiles of at most AXPY_ROWS, as even as they go (15: 3 + 4 + 4 + 4, not
+     * 4 + 4 + 4 and then 3 single rows, each converting every V row again for one row) */
     const int tiles = (last - first + AXPY_ROWS - 1) / AXPY_ROWS;
     for (int t = 0, r0 = first; t < tiles; t++) {
         const int R = (last - r0) / (tiles - t);
