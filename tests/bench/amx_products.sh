@@ -10,10 +10,18 @@
 #   DEFS="tag=-DA=1,-DB=2 ..."   also build the current one with these defines, one build per
 #                                tag (x86_amx.c's WIDE8_* knobs; WIDE8_SKIP=1/2/4 leaves a step
 #                                out, so that a build measures what the rest costs)
-#   PATHS=wide8                  only the int8 tile path, at 16 and 32 rows (default: all)
+#                                (x86_avx512.c's PREFETCH, PF_HINT, PF_EVERY and REGTILE_SKIP=1
+#                                too: the register tiles' prefetch, and what they cost without
+#                                the scaling)
+#   PATHS=wide8                  only the int8 tile path, at 16 and 32 rows; regtile only the
+#                                register tiles, at 1, 8, 16 and 32 (avx512vnni's where the CPU
+#                                does not grant AMX; default: all, which needs AMX)
 #   SPECS="2 28672 4096 8;..."   the matrices (TYPE ROWS COLS COPIES; default: the three above)
-# Each line: TAG (base, cur, the distance or the DEFS tag), path, type, shape, batch, threads,
-# timings.
+#   THREADS="16 1"               the thread counts each matrix runs on (default: every core)
+# Before the products it prints the cores' 512-bit vpdpbusd rate (tests/bench/fma_peak.c), on 1
+# thread and on every core: the register tiles' bound (64 int8 products a vpdpbusd).
+# Each line: TAG (base, cur, the distance or the DEFS tag), variant, path, type, shape, batch,
+# threads, timings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # the arguments checked before anything is built
@@ -33,6 +41,10 @@ for item in ${DEFS:-}; do
   taken="$taken$tag "
 done
 set +f
+case "${PATHS:-all}" in all|wide8|regtile) ;; *) echo "PATHS '${PATHS}': all, wide8 or regtile" >&2; exit 2;; esac
+for t in ${THREADS:-}; do
+  [[ $t =~ ^[1-9][0-9]*$ ]] || { echo "THREADS item '$t': a thread count (1 or more)" >&2; exit 2; }
+done
 S=engines/cpu/src B=${BUILD:-/tmp/amx-products}
 mkdir -p "$B"
 CF="-O3 -std=gnu11 -fPIC -fopenmp -I$S"
@@ -64,8 +76,14 @@ for p in "${pids[@]}"; do wait "$p"; done
 tail -2 "$B/kernel_test.log"
 export OMP_PROC_BIND=close OMP_PLACES=cores
 lscpu | grep -E "Model name|L2 cache|L3 cache|^CPU\(s\)"
+gcc -O2 $AMX tests/bench/fma_peak.c -lpthread -o "$B/fma_peak"
+"$B/fma_peak" "$(nproc)" | grep VNNI
 for spec in "${specs[@]}"; do
-  for round in 1 2; do  # alternating: every tag twice
-    for t in $TAGS; do "$B/products_$t" "$t" $spec "${PATHS:-all}"; done
+  for threads in ${THREADS:-$(nproc)}; do
+    for round in 1 2; do  # alternating: every tag twice
+      for t in $TAGS; do
+        OMP_NUM_THREADS=$threads "$B/products_$t" "$t" $spec "${PATHS:-all}"
+      done
+    done
   done
 done

@@ -127,3 +127,46 @@ def test_the_attention_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
                           (["t", "avx2", "64"], "usage")):
         bad = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or "avx512_vnni" not in Path(
+    "/proc/cpuinfo").read_text(), reason="the products benchmark's register tiles (AVX-512 VNNI)")
+def test_the_products_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
+    # tests/bench/amx_products.sh (a benchmark, not a timed test): bad input is turned away
+    # before anything is built; where AMX is not granted PATHS=regtile runs avx512vnni's
+    # register tiles, every build, matrix, thread count and batch in each of two rounds, after
+    # the kernel test and beside the vpdpbusd rate that bounds them.
+    root = ENGINE.parents[1]
+    script = [str(root / "tests/bench/amx_products.sh")]
+    env = {"PATH": "/usr/bin:/bin", "BUILD": str(tmp_path)}
+    for extra, message in (({"SPECS": "2 256 4096"}, "write TYPE ROWS COLS COPIES"),
+                           ({"PATHS": "tiles"}, "all, wide8 or regtile"),
+                           ({"THREADS": "2 0"}, "a thread count"),
+                           ({"DEFS": "noequals"}, "write TAG=-DNAME=VALUE")):
+        bad = subprocess.run(["bash", *script], cwd=root, env={**env, **extra},
+                             capture_output=True, text=True, timeout=60, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+        assert not any(tmp_path.iterdir()), "refused input must build nothing"
+    run = {"SPECS": "2 256 4096 1;8 64 2048 2", "PATHS": "regtile", "THREADS": "2 1",
+           "DEFS": "noscale=-DREGTILE_SKIP=1"}
+    result = subprocess.run(["bash", *script], cwd=root, env={**env, **run},
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert re.search(r"^\d+ passed, 0 failed", result.stdout, re.MULTILINE), result.stdout
+    peaks = re.findall(r"^VNNI peak: (\d) thread\(s\), ([\d.]+) G", result.stdout, re.MULTILINE)
+    assert [p[0] for p in peaks] == ["1", "2"] and all(float(p[1]) > 0 for p in peaks)
+    lines = re.findall(r"^(cur|noscale) +(amx|avx512vnni) regtile q(\d) (\d+)x(\d+)x(\d+) "
+                       r"n= *(\d+) T=(\d): .* ([\d.]+) GMAC/s", result.stdout, re.MULTILINE)
+    # builds x matrices x thread counts x batches x rounds
+    assert len(lines) == 2 * 2 * 2 * 4 * 2, result.stdout
+    assert {(line[0], line[2], line[4], line[6], line[7]) for line in lines} == {
+        (tag, q, rows, n, t) for tag in ("cur", "noscale")
+        for q, rows in (("4", "256"), ("8", "64")) for n in ("1", "8", "16", "32")
+        for t in ("2", "1")}
+    assert len({line[1] for line in lines}) == 1 and all(float(line[8]) > 0 for line in lines)
+    binary = tmp_path / "products_cur"
+    for args, message in ((["t", "3", "256", "4096", "1"], "TYPE 2 or 8"),
+                          (["t", "2", "256", "4096", "1", "tiles"], "paths 'tiles'"),
+                          (["t"], "usage")):
+        bad = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

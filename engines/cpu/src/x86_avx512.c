@@ -24,10 +24,26 @@
 #include "x86_common.h"
 
 #define GROUP 16
+/* (PF_HINT and PREFETCH can be set from outside for measurements: tests/bench/amx_products.sh
+ * DEFS) */
+#ifndef PF_HINT
 #define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
+#endif
+#ifndef PF_EVERY
+#define PF_EVERY 1 /* a register tile prefetches for every PF_EVERY-th chunk of a weight group */
+#endif
+#ifndef PREFETCH
 #define PREFETCH 8192        /* bytes ahead of what a weight row's product reads: its quants and,
                               * a line every two groups, its scales (without those, a ninth of
                               * a q4_0 row's lines came in on demand) */
+#endif
+/* A measurement aid (amx_products.sh DEFS=...), 0 in the engine: with bit 1 the register tiles
+ * add each group's integer sums into the accumulators as they are (one integer add a pair)
+ * instead of converting and scaling them (three float steps), so that a build measures what
+ * the rest of a tile costs. Its results are wrong. */
+#ifndef REGTILE_SKIP
+#define REGTILE_SKIP 0
+#endif
 
 /* An activation row: ng groups (what every product reads), then each group's q4_1 block sums
  * (float[16]), kept apart so that they cost the other products no cache space, then act_tail's
@@ -215,6 +231,11 @@ static inline __attribute__((always_inline)) void scale_step(
                                             : _mm256_maskz_loadu_epi16(dm, d + nb));
         for (int c = 0; c < C; c++) {
             const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
+            if (REGTILE_SKIP & 1) {
+                acc[r][c] = _mm512_castsi512_ps(
+                    _mm512_add_epi32(_mm512_castps_si512(acc[r][c]), s[r][c]));
+                continue;
+            }
             acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s[r][c]),
                                                       _mm512_load_ps(arow[g].d)),
                                         dw, acc[r][c]);
@@ -244,7 +265,7 @@ static inline __attribute__((always_inline)) void weight_chunk(const int kind, c
         *wh = load_chunk(t, qm, hi);
     } else {
         const uint8_t *p = q + (size_t)k * 4 * t;
-        _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
+        if (k % PF_EVERY == 0) _mm_prefetch((const char *)p + PREFETCH, PF_HINT);
         const __m512i raw = load_chunk(t, qm, p), low4 = _mm512_set1_epi8(0x0f);
         *wl = _mm512_and_si512(raw, low4);
         *wh = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
