@@ -289,6 +289,52 @@ static char *quantized_rows(int type, const float *w, int rows, int cols, unsign
     return q;
 }
 
+/* The packed x86 products' arithmetic (avx512vnni, and amx's register tiles under model.c's
+ * WIDE8_MIN rows), which the exact KV hand-off repeats (prefill/exact.py): block b = 16 g + j of
+ * a row is lane j of group g; its integer product (exact, however a kernel sums it) is
+ * converted, times the activation's scale (rounded), then fused with the weight's scale into
+ * lane j, group after group (q4_1: its minimum term fused after each); a lane past the row's
+ * last block adds +0; then the 16 lanes are summed by _mm512_reduce_add_ps's tree (GCC's: lane
+ * i + lane i + 8, then i + 4, then (0 + 2) + (1 + 3)). One weight row (GGUF blocks) x one
+ * activation row (block_q8a, the reference's quantization: the same as the packed one). */
+static float exact_packed_dot(int type, const char *row, int nb, const block_q8a *a) {
+    float lane[16] = {0};
+    for (int g = 0; g * 16 < nb; g++)
+        for (int j = 0; j < 16; j++) {
+            const int b = 16 * g + j;
+            if (b >= nb) {
+                lane[j] += 0.0f;
+                continue;
+            }
+            int isum = 0;
+            float dw, mw = 0.0f;
+            if (type == HS_Q8_0) {
+                const block_q8_0 *w = (const block_q8_0 *)row + b;
+                for (int e = 0; e < HS_QK; e++) isum += w->qs[e] * a[b].qs[e];
+                dw = hs_fp16_to_fp32(w->d);
+            } else {
+                const uint8_t *qs = type == HS_Q4_0 ? ((const block_q4_0 *)row)[b].qs
+                                                    : ((const block_q4_1 *)row)[b].qs;
+                const int bias = type == HS_Q4_0 ? 8 : 0;
+                for (int e = 0; e < HS_QK / 2; e++)
+                    isum += ((qs[e] & 0xf) - bias) * a[b].qs[e] + ((qs[e] >> 4) - bias) * a[b].qs[e + 16];
+                if (type == HS_Q4_0) {
+                    dw = hs_fp16_to_fp32(((const block_q4_0 *)row)[b].d);
+                } else {
+                    dw = hs_fp16_to_fp32(((const block_q4_1 *)row)[b].d);
+                    mw = hs_fp16_to_fp32(((const block_q4_1 *)row)[b].m);
+                }
+            }
+            const float x = (float)isum * a[b].d;
+            lane[j] = fmaf(x, dw, lane[j]);
+            if (type == HS_Q4_1) lane[j] = fmaf(mw, a[b].s, lane[j]);
+        }
+    float h[8], q[4];
+    for (int i = 0; i < 8; i++) h[i] = lane[i] + lane[i + 8];
+    for (int i = 0; i < 4; i++) q[i] = h[i] + h[i + 4];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+
 static void test_wide(const hs_kernels *k, hs_pool *pool, unsigned *seed) {
     const int shapes[][3] = {{36, 544, 50}, {50, 3104, 130}, {16, 1056, 64}};
     const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
@@ -380,10 +426,27 @@ static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
                     for (int i = 0; i < n * R; i++) scale = fmaxf(scale, fabsf(expect[i]));
                     for (int i = 0; i < n * R; i++)
                         worst = worse(worst, fabsf(got[i] - expect[i]) / (1e-4f * scale + 1e-4f * fabsf(expect[i])));
-                    char what[64];
+                    char what[96];
                     snprintf(what, sizeof what, "matmul type %d, %d x %d blocks, %d rows", type, R,
                              cols / HS_QK, n);
                     check(worst <= 1.0f, what, k->name);
+                    if (strcmp(k->name, "avx512vnni") == 0 || strcmp(k->name, "amx") == 0) {
+                        /* every bit of the packed arithmetic (exact_packed_dot) */
+                        const int nb = cols / HS_QK;
+                        block_q8a *a = malloc(sizeof(block_q8a) * nb);
+                        int same = 1;
+                        for (int c = 0; c < n; c++) {
+                            hs_kernels_ref.quantize_act(x + (size_t)c * cols, a, cols);
+                            for (int r = 0; r < R; r++) {
+                                const float e = exact_packed_dot(type, q + r * rb, nb, a);
+                                same &= memcmp(&e, &got[c * R + r], sizeof e) == 0;
+                            }
+                        }
+                        free(a);
+                        snprintf(what, sizeof what, "matmul type %d, %d x %d blocks, %d rows: "
+                                 "the packed arithmetic's bits", type, R, cols / HS_QK, n);
+                        check(same, what, k->name);
+                    }
                 }
             }
             free(q);
