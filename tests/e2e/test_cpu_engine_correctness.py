@@ -185,21 +185,26 @@ def test_step_profile_times_each_phase_only_while_on(loaded):
 
 @pytest.mark.skipif("amx" not in hc.available_variants().split(","),
                     reason="the amx variant needs AMX tile data granted by the kernel")
-def test_amx_decode_of_few_sequences_is_avx512vnni_bit_for_bit():
-    # The exact KV hand-off's decode side may run amx for steps of under 16 sequences
-    # (prefill/exact.py): those steps (one token per sequence) must compute as avx512vnni does.
+@pytest.mark.parametrize("sequences", [3, 8, 16, 23])
+def test_amx_decode_of_few_sequences_is_avx512vnni_bit_for_bit(sequences):
+    # The exact KV hand-off's decode side may run amx for steps of under 24 sequences
+    # (prefill/exact.py): those steps (one token per sequence) must compute as avx512vnni does:
+    # 1 x 8 register tiles at 8, two passes of them at 16, and the rest at 23 (model.c's
+    # WIDE8_MIN), SwiGLU's exact form throughout (SWIGLU_VECTOR_MIN).
     loaded_both = [load_model(default_model(), hc.Pool([], 2), kernels=k)
                    for k in ("amx", "avx512vnni")]
     models = [model for model, _config, _reader in loaded_both]
     tok = GGUFTokenizer.from_gguf(loaded_both[0][2])
-    prompts = [tok.encode(p)[:12] for p in PROMPTS[:3]]
-    tables = np.arange(3 * 16, dtype=np.int32).reshape(3, 16)
+    prompts = [tok.encode(f"{s}. {PROMPTS[s % len(PROMPTS)]}")[:12] for s in range(sequences)]
+    assert all(len(p) == 12 for p in prompts)
+    tables = np.arange(sequences, dtype=np.int32).reshape(sequences, 1)  # 12 positions: a block
     outs = []
     for model in models:
-        model.alloc_kv(48, 16)
+        model.alloc_kv(sequences, 16)
+        seqs = np.arange(sequences, dtype=np.int32)
         steps = [model.forward(np.array([p[i] for p in prompts], np.int32),
-                               np.full(3, i, np.int32), np.arange(3, dtype=np.int32), tables,
-                               np.arange(3, dtype=np.int32)) for i in range(12)]
+                               np.full(sequences, i, np.int32), seqs, tables, seqs)
+                 for i in range(12)]
         outs.append(np.stack(steps))
     np.testing.assert_array_equal(outs[0], outs[1])
 

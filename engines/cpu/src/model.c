@@ -716,13 +716,14 @@ static void attn_combine(void *p, int ith, int nth) {
  * elements are split across the pool and the few rows quantized after it. */
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
-/* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more
- * (from WIDE8_MIN on, amx's products run on the tile unit and differ from avx512vnni's anyway;
- * at 16-23 its register-tile products do not, its SwiGLU does), while a decode step of fewer
- * sequences stays bit for bit avx512vnni's
- * (k->swiglu, or the scalar loop: glibc's expf), which the exact KV hand-off relies on
- * (prefill/exact.py). */
-#define SWIGLU_VECTOR_MIN 16
+/* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more:
+ * WIDE8_MIN, from which amx's products run on the tile unit and differ from avx512vnni's anyway.
+ * A decode step of fewer sequences (its products on the register tiles, avx512vnni's bits:
+ * the kernel test's exact_packed_dot) stays bit for bit avx512vnni's (k->swiglu, or the scalar
+ * loop: glibc's expf), which the exact KV hand-off relies on (prefill/exact.py). (It was 16
+ * while amx's tile unit took 16 rows; the vector form at 16-23 rows costs under 1 % of such a
+ * step, docs/benchmarks.md.) */
+#define SWIGLU_VECTOR_MIN WIDE8_MIN
 
 static void swiglu_range(const swiglu_ctx *t, float *gate, const float *up, size_t begin,
                          size_t end) {
