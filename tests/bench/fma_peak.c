@@ -18,50 +18,37 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-#ifdef __AVX512VNNI__
-static void *vnni_chains(void *out) {
-    const __m512i b = _mm512_set1_epi8(3), c = _mm512_set1_epi8(-5);
-    __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2),
-            a3 = _mm512_set1_epi32(3), a4 = _mm512_set1_epi32(4), a5 = _mm512_set1_epi32(5),
-            a6 = _mm512_set1_epi32(6), a7 = _mm512_set1_epi32(7), a8 = _mm512_set1_epi32(8),
-            a9 = _mm512_set1_epi32(9), a10 = _mm512_set1_epi32(10), a11 = _mm512_set1_epi32(11);
-    for (long n = 0; n < STEPS; n++) {
-        a0 = _mm512_dpbusd_epi32(a0, b, c), a1 = _mm512_dpbusd_epi32(a1, b, c);
-        a2 = _mm512_dpbusd_epi32(a2, b, c), a3 = _mm512_dpbusd_epi32(a3, b, c);
-        a4 = _mm512_dpbusd_epi32(a4, b, c), a5 = _mm512_dpbusd_epi32(a5, b, c);
-        a6 = _mm512_dpbusd_epi32(a6, b, c), a7 = _mm512_dpbusd_epi32(a7, b, c);
-        a8 = _mm512_dpbusd_epi32(a8, b, c), a9 = _mm512_dpbusd_epi32(a9, b, c);
-        a10 = _mm512_dpbusd_epi32(a10, b, c), a11 = _mm512_dpbusd_epi32(a11, b, c);
+/* A thread's twelve independent chains of STEP on vectors of type T (a0..a11 named, so that
+ * they stay in registers), started at SET(0..11), summed by ADD at the end and stored as a float
+ * (so that none is optimized away). */
+#define CHAINS(NAME, T, SET, STEP, ADD, TO_FLOAT)                                                \
+    static void *NAME(void *out) {                                                               \
+        T a0 = SET(0), a1 = SET(1), a2 = SET(2), a3 = SET(3), a4 = SET(4), a5 = SET(5),          \
+          a6 = SET(6), a7 = SET(7), a8 = SET(8), a9 = SET(9), a10 = SET(10), a11 = SET(11);      \
+        for (long n = 0; n < STEPS; n++) {                                                       \
+            a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3);                          \
+            a4 = STEP(a4), a5 = STEP(a5), a6 = STEP(a6), a7 = STEP(a7);                          \
+            a8 = STEP(a8), a9 = STEP(a9), a10 = STEP(a10), a11 = STEP(a11);                      \
+        }                                                                                        \
+        const T s = ADD(ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7))),       \
+                        ADD(ADD(a8, a9), ADD(a10, a11)));                                        \
+        *(float *)out = TO_FLOAT(s);                                                             \
+        return NULL;                                                                             \
     }
-    const __m512i s = _mm512_add_epi32(
-        _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
-                         _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
-        _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
-    *(float *)out = (float)_mm512_reduce_add_epi32(s);
-    return NULL;
-}
-#endif
 
-static void *chains(void *out) {
-    const __m256 b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(0.001f);
-    __m256 a0 = _mm256_set1_ps(0), a1 = _mm256_set1_ps(1), a2 = _mm256_set1_ps(2),
-           a3 = _mm256_set1_ps(3), a4 = _mm256_set1_ps(4), a5 = _mm256_set1_ps(5),
-           a6 = _mm256_set1_ps(6), a7 = _mm256_set1_ps(7), a8 = _mm256_set1_ps(8),
-           a9 = _mm256_set1_ps(9), a10 = _mm256_set1_ps(10), a11 = _mm256_set1_ps(11);
-    for (long n = 0; n < STEPS; n++) {
-        a0 = _mm256_fmadd_ps(a0, b, c), a1 = _mm256_fmadd_ps(a1, b, c);
-        a2 = _mm256_fmadd_ps(a2, b, c), a3 = _mm256_fmadd_ps(a3, b, c);
-        a4 = _mm256_fmadd_ps(a4, b, c), a5 = _mm256_fmadd_ps(a5, b, c);
-        a6 = _mm256_fmadd_ps(a6, b, c), a7 = _mm256_fmadd_ps(a7, b, c);
-        a8 = _mm256_fmadd_ps(a8, b, c), a9 = _mm256_fmadd_ps(a9, b, c);
-        a10 = _mm256_fmadd_ps(a10, b, c), a11 = _mm256_fmadd_ps(a11, b, c);
-    }
-    const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                                   _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    *(float *)out = _mm256_cvtss_f32(_mm256_add_ps(
-        s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11))));
-    return NULL;
-}
+/* 8-lane FMAs: a = a * 0.999 + 0.001 */
+#define FMA_SET(i) _mm256_set1_ps((float)(i))
+#define FMA_STEP(x) _mm256_fmadd_ps(x, _mm256_set1_ps(0.999f), _mm256_set1_ps(0.001f))
+#define FMA_FLOAT(x) _mm256_cvtss_f32(x)
+CHAINS(chains, __m256, FMA_SET, FMA_STEP, _mm256_add_ps, FMA_FLOAT)
+
+#ifdef __AVX512VNNI__
+/* 512-bit vpdpbusd: a += 3 x -5 in every byte pair (u8 x s8, four a lane) */
+#define VNNI_SET(i) _mm512_set1_epi32(i)
+#define VNNI_STEP(x) _mm512_dpbusd_epi32(x, _mm512_set1_epi8(3), _mm512_set1_epi8(-5))
+#define VNNI_FLOAT(x) ((float)_mm512_reduce_add_epi32(x))
+CHAINS(vnni_chains, __m512i, VNNI_SET, VNNI_STEP, _mm512_add_epi32, VNNI_FLOAT)
+#endif
 
 /* fn on 1 thread and then on `most` threads at once, a line each. */
 static void peak(void *(*fn)(void *), const char *name, const char *unit, int most) {

@@ -24,8 +24,8 @@
 #include "x86_common.h"
 
 #define GROUP 16
-/* (PF_HINT and PREFETCH can be set from outside for measurements: tests/bench/amx_products.sh
- * DEFS) */
+/* (PF_HINT, PF_EVERY and PREFETCH can be set from outside for measurements:
+ * tests/bench/amx_products.sh DEFS) */
 #ifndef PF_HINT
 #define PF_HINT _MM_HINT_T1 /* into L2: leaves the L1 fill buffers to the demand loads */
 #endif
