@@ -2,8 +2,8 @@
 needs a CPU that grants AMX): the table behind docs/benchmarks.md's "amx's decode steps of
 16-23 sequences". Each row: a SmolLM2-shaped synthetic model (`135m:q4_0`, `135m:q8_0`), n
 sequences of 12 decode steps (one token each, random ids), every logit of both variants
-compared; under model.c's WIDE8_MIN (24) they must be identical, from it they differ (the tile
-unit's products).
+compared; under model.h's HS_WIDE8_MIN (16; 24 before the sixth session of 2026-11-28) they
+must be identical, from it they differ (the tile unit's products).
 
     python3 -m tests.bench.amx_decode_bits [--tokenizer JSON] [--sequences 3,8,15,16,20,23,24]
 """

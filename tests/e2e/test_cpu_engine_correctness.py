@@ -185,12 +185,12 @@ def test_step_profile_times_each_phase_only_while_on(loaded):
 
 @pytest.mark.skipif("amx" not in hc.available_variants().split(","),
                     reason="the amx variant needs AMX tile data granted by the kernel")
-@pytest.mark.parametrize("sequences", [3, 8, 16, 23])
+@pytest.mark.parametrize("sequences", [3, 8, 15])
 def test_amx_decode_of_few_sequences_is_avx512vnni_bit_for_bit(sequences):
-    # The exact KV hand-off's decode side may run amx for steps of under 24 sequences
+    # The exact KV hand-off's decode side may run amx for steps of under 16 sequences
     # (prefill/exact.py): those steps (one token per sequence) must compute as avx512vnni does:
-    # 1 x 8 register tiles at 8, two passes of them at 16, and the rest at 23 (model.c's
-    # WIDE8_MIN), SwiGLU's exact form throughout (SWIGLU_VECTOR_MIN).
+    # 1 x 8 register tiles at 8, and 8 + 4 + 2 + 1 rows at 15 (under model.h's HS_WIDE8_MIN),
+    # SwiGLU's exact form throughout (SWIGLU_VECTOR_MIN).
     loaded_both = [load_model(default_model(), hc.Pool([], 2), kernels=k)
                    for k in ("amx", "avx512vnni")]
     models = [model for model, _config, _reader in loaded_both]

@@ -69,9 +69,9 @@ typedef struct {
     /* Optional: gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j] for j < n, bit for bit as
      * model.c's scalar loop (glibc's expf), which serves where it is absent. */
     void (*swiglu)(size_t n, float *gate, const float *up);
-    /* Optional: the same formula with a faster exp whose bits differ, for steps of 24 tokens
-     * or more (model.c's SWIGLU_VECTOR_MIN: those whose products differ from avx512vnni's
-     * anyway). */
+    /* Optional: the same formula with a faster exp whose bits differ, for steps of 16 tokens
+     * or more (model.c's SWIGLU_VECTOR_MIN, HS_WIDE8_MIN: those whose products differ from
+     * avx512vnni's anyway). */
     void (*swiglu_wide)(size_t n, float *gate, const float *up);
     /* Optional, together: the attention of a prefill chunk, several tokens' heads per K/V row.
      * attend_pack converts positions [from, count) of one KV head's cached rows (k[p], v[p]: hd

@@ -345,13 +345,9 @@ typedef struct {
  * activations of a pass stay in L2 while the weight rows stream through. */
 #define COL_CHUNK 32
 /* Activation rows (of a COL_CHUNK pass) from which the kernel's int8 tile-unit products
- * (wide8, amx) take every whole group of 16; fewer run on the register tiles (amx's 1 x 8). On
- * the 16-core host (cpu_engine_profile --baseline, 5 processes a build, each A/B on one
- * machine) 16 rows on the register tiles ran the 1.1B's step 12-16 % faster than on the tile
- * unit and the 8B's (q4_0) 2-4 %, 20 rows 9 % and level; at 24 rows the tile unit's 16 plus
- * 8 was 5 % ahead on the 8B and 3 % behind on the 1.1B (docs/benchmarks.md, the fourth session
- * of 2026-11-28). */
-#define WIDE8_MIN 24
+ * (wide8, amx) take every whole group of 16: HS_WIDE8_MIN (model.h); fewer run on the register
+ * tiles (amx's 1 x 8). */
+#define WIDE8_MIN HS_WIDE8_MIN
 /* Weight rows and activation rows per packed product (the kernels' widest tile; activation
  * rows up to the variant's mm_cols where it sets one). */
 #define MM_TILE 4
@@ -720,9 +716,7 @@ typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
  * WIDE8_MIN, from which amx's products run on the tile unit and differ from avx512vnni's anyway.
  * A decode step of fewer sequences (its products on the register tiles, avx512vnni's bits:
  * the kernel test's exact_packed_dot) stays bit for bit avx512vnni's (k->swiglu, or the scalar
- * loop: glibc's expf), which the exact KV hand-off relies on (prefill/exact.py). (It was 16
- * while amx's tile unit took 16 rows; the vector form at 16-23 rows costs under 1 % of such a
- * step, docs/benchmarks.md.) */
+ * loop: glibc's expf), which the exact KV hand-off relies on (prefill/exact.py). */
 #define SWIGLU_VECTOR_MIN WIDE8_MIN
 
 static void swiglu_range(const swiglu_ctx *t, float *gate, const float *up, size_t begin,

@@ -79,6 +79,15 @@ void *hs_alloc_large(size_t bytes);
  * out[n][rows] = x[n][cols] @ W^T. From hs_wide_min_rows() activation rows on (48, or
  * HETEROSERVE_WIDE_MIN), a variant with a matrix unit (k->wide) computes it there. */
 int hs_wide_min_rows(void);
+/* Activation rows from which a variant's int8 tile-unit products (k->wide8_*, amx) take every
+ * whole group of 16 rows of a 32-row pass; fewer run on the register tiles, whose arithmetic is
+ * avx512vnni's bit for bit (so an amx decode step of fewer sequences computes as avx512vnni's,
+ * which the exact KV hand-off relies on). On the 16-core host (cpu_engine_profile --baseline,
+ * docs/benchmarks.md, the sixth session of 2026-11-28) a 16-sequence step ran 2-44 % faster
+ * with its products on the tile unit than as two passes of register tiles on the 1.1B, 13-42 %
+ * on the 8B q4_0 (three runs on two machines), once the tile unit's blocks were scaled without
+ * gathers; before that the register tiles had been ahead, and this was 24. */
+#define HS_WIDE8_MIN 16
 void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int n,
                const float *x, float *out);
 

@@ -2,14 +2,20 @@
  * and activations, same register tiles for one to a few activation rows - with the products
  * of more activation rows on the tile unit, two ways (model.c picks by the number of rows):
  *
- * int8 (wide8_*, from 16 rows): one tdpbusd multiplies 16 weight rows by 16 activation rows over
- * a block of 32 elements (u8 x s8 into int32); a q4_0/q8_0 weight has a scale per block, so the
- * 16 x 16 result leaves the tile after every block to be scaled on the vector unit (offset
- * correction, convert, weight x activation scale, FMA) into float accumulators, while the tile
- * unit multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip
- * is copied into a 16 x 32 scratch tile first (q4_0/q4_1 nibbles unpacked, q8_0's packed halves
- * joined); activations: each block's 16 columns gathered once per call into the tile layout,
- * every group of 16 before the first strip, so that a strip meets them all while in cache.
+ * int8 (wide8_*, from HS_WIDE8_MIN rows): one tdpbssd multiplies 16 weight rows by 16 activation
+ * rows over a block of 32 elements (s8 x s8 into int32); a q4_0/q8_0 weight has a scale per
+ * block, so the 16 x 16 result leaves the tile after every block to be scaled on the vector unit
+ * (convert, weight x activation scale, FMA) into float accumulators, while the tile unit
+ * multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip is
+ * copied into a 16 x 32 scratch tile first, signed (q4_0's nibbles - 8, q8_0's packed halves
+ * joined and their + 128 taken off, q4_1's nibbles as they are), and each group of 16 blocks'
+ * scales of the 16 rows converted once, when its quants are; activations: each block's 16
+ * columns gathered once per call into the tile layout, every group of 16 before the first
+ * strip, so that a strip meets them all while in cache. The integer sums are the same as u8
+ * weights' with the activation sums' offset taken off after (tdpbusd, which this used before),
+ * so the results have the same bits; without that add and the weight scales' 16-row gather per
+ * block, the 1.1B's 32-sequence decode step ran 12-22 % faster on the 16-core host, the 8B
+ * q4_0's 18 % (docs/benchmarks.md, the sixth session of 2026-11-28).
  * Measured on the 16-core host (tests/bench/amx_products.sh, before the three-deep pipeline in
  * strip): 110-160 ns a block and thread, in cache or not, against about 100 vector operations
  * (30-50 ns) of unpacking and scaling - the blocks waited on their data going from vector stores
@@ -76,7 +82,6 @@ typedef struct {
     int32_t lo[4][16];   /* with hi, the 8-row B tile: row k holds elements 4k..4k+3 of each column */
     int32_t hi[4][16];   /* elements 16..31 */
     float d[16];         /* each column's block scale */
-    int32_t off[16];     /* offset correction: -8 (q4_0) or -128 (q8_0) x the block's sum */
     float s[16];         /* d x sum (q4_1's minimum term) */
 } amx_block;
 
@@ -110,9 +115,6 @@ static void gather_blocks(int kind, int nb, const char *a, size_t astride, amx_b
             _mm512_store_si512(o->hi[k], _mm512_i32gather_epi32(rows, base + offsetof(act_group, hi) + 64 * k + 4 * j, 1));
         }
         _mm512_store_ps(o->d, _mm512_i32gather_ps(rows, base + offsetof(act_group, d) + 4 * j, 1));
-        __m512i off = _mm512_i32gather_epi32(rows, base + offsetof(act_group, off4) + 4 * j, 1);
-        if (kind == Q8_0) off = _mm512_slli_epi32(off, 4);
-        _mm512_store_si512(o->off, kind == Q4_1 ? _mm512_setzero_si512() : off);
         const char *sums = (const char *)act_sums((const act_group *)a, ng, g) + 4 * j;
         _mm512_store_ps(o->s, _mm512_i32gather_ps(rows, sums, 1));
     }
@@ -124,12 +126,18 @@ static void gather_blocks(int kind, int nb, const char *a, size_t astride, amx_b
  * The packed layout keeps a block's bytes in 4-byte pieces, one per chunk; a 4 x 16 transpose of
  * the chunks brings them together, a group at a time instead of a block at a time. */
 static void group_rows(int kind, const uint8_t *w, size_t wstride, int rows, int nb, int g,
-                       uint8_t *grp) {
+                       uint8_t *grp, float (*dw)[GROUP], float (*mw)[GROUP]) {
     const size_t qbytes = kind == Q8_0 ? 32 : 16;
     const int t = nb - g * GROUP < GROUP ? nb - g * GROUP : GROUP;
     const __mmask64 qm = t == GROUP ? ~(__mmask64)0 : (((__mmask64)1 << (4 * t)) - 1);
+    const __mmask16 sm = (__mmask16)((1u << t) - 1);
     for (int r = 0; r < AMX_M; r++) {
         const uint8_t *q = w + (size_t)(r < rows ? r : 0) * wstride + (size_t)g * GROUP * qbytes;
+        /* the group's scales (and q4_1's minimums) of the row, fp16 after its quants */
+        const uint8_t *sc = w + (size_t)(r < rows ? r : 0) * wstride + (size_t)nb * qbytes + 2 * (size_t)g * GROUP;
+        _mm512_store_ps(dw[r], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, sc)));
+        if (kind == Q4_1)
+            _mm512_store_ps(mw[r], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(sm, sc + 2 * (size_t)nb)));
         for (int half = 0; half < (kind == Q8_0 ? 2 : 1); half++) {
             __m512i c[4];
             for (int k = 0; k < 4; k++)
@@ -149,14 +157,16 @@ static void group_rows(int kind, const uint8_t *w, size_t wstride, int rows, int
 /* Block b of the strip's 16 weight rows as a 16 x 32 u8 tile (elements 0..15, then 16..31), from
  * its group's rows (group_rows, refilled at each group's first block: blocks come in order). */
 static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int rows, int nb, int b,
-                              uint8_t *grp, uint8_t *a) {
-    const __m512i low4 = _mm512_set1_epi8(0x0f);
+                              uint8_t *grp, float (*dw)[AMX_M][GROUP], float (*mw)[AMX_M][GROUP],
+                              uint8_t *a) {
+    const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
     /* qword order [row0 lo, row0 hi, row1 lo, row1 hi] from 4 rows' lo and hi halves */
     const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
     const size_t qbytes = kind == Q8_0 ? 32 : 16, row_bytes = AMX_M * qbytes;
     const int j = b % GROUP;
-    if (j == 0) group_rows(kind, w, wstride, rows, nb, b / GROUP, grp);
+    if (j == 0) group_rows(kind, w, wstride, rows, nb, b / GROUP, grp, dw[(b / GROUP) & 1], mw[(b / GROUP) & 1]);
     const uint8_t *at = grp + (size_t)(j % 4) * 64 + (size_t)(j / 4) * 16;
     for (int r = 0; r < AMX_M; r += 4) {
         /* four blocks' quants: 64 bytes (q4) or 128 (q8) a row, as far ahead in blocks for both
@@ -185,8 +195,13 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
             lo = _mm512_and_si512(raw, low4);
             hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
         }
-        _mm512_store_si512(a + r * 32, _mm512_permutex2var_epi64(lo, first, hi));
-        _mm512_store_si512(a + r * 32 + 64, _mm512_permutex2var_epi64(lo, second, hi));
+        /* signed, as tdpbssd takes them: q4_0's nibbles - 8, q8_0's stored q + 128 back to q
+         * (q4_1's 0..15 are both) */
+        __m512i x0 = _mm512_permutex2var_epi64(lo, first, hi), x1 = _mm512_permutex2var_epi64(lo, second, hi);
+        if (kind == Q4_0) x0 = _mm512_sub_epi8(x0, eight), x1 = _mm512_sub_epi8(x1, eight);
+        if (kind == Q8_0) x0 = _mm512_xor_si512(x0, sign), x1 = _mm512_xor_si512(x1, sign);
+        _mm512_store_si512(a + r * 32, x0);
+        _mm512_store_si512(a + r * 32 + 64, x1);
     }
 }
 
@@ -201,25 +216,18 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     _Alignas(64) int32_t c[2][AMX_M][AMX_N];
     _Alignas(64) uint8_t a[4][AMX_M * HS_QK];
     _Alignas(64) uint8_t grp[AMX_M * GROUP * 32]; /* group_rows' */
-    _Alignas(64) float dw[AMX_M], mw[AMX_M];
-    /* byte offsets of the strip's rows; rows past the end read the first (results dropped) */
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i index = _mm512_maskz_mullo_epi32(_mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(rows)),
-                                                   lane, _mm512_set1_epi32((int)wstride));
+    /* the rows' scales (and minimums) of the last two groups group_rows met, by group parity:
+     * block b is scaled three steps after its group's quants were unpacked */
+    _Alignas(64) float dw[2][AMX_M][GROUP], mw[2][AMX_M][GROUP];
 #define DRAIN(buf, b)                                                                           \
     do {                                                                                       \
-        const uint8_t *scales = w + (size_t)nb * qbytes + 2 * (size_t)(b);                     \
-        _mm512_store_ps(dw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(                              \
-                                _mm512_i32gather_epi32(index, scales, 1))));                    \
-        if (kind == Q4_1)                                                                      \
-            _mm512_store_ps(mw, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(                          \
-                                    _mm512_i32gather_epi32(index, scales + 2 * (size_t)nb, 1)))); \
+        const float (*dwb)[GROUP] = dw[((b) / GROUP) & 1], (*mwb)[GROUP] = mw[((b) / GROUP) & 1]; \
+        const int jb = (b) % GROUP;                                                            \
         const __m512 yd = _mm512_load_ps(y[(b)].d), ys = _mm512_load_ps(y[(b)].s);             \
-        const __m512i off = _mm512_load_si512(y[(b)].off);                                     \
         for (int r = 0; r < AMX_M; r++) {                                                      \
-            const __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_load_si512(c[buf][r]), off)); \
-            acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(yd, _mm512_set1_ps(dw[r])), acc[r]);     \
-            if (kind == Q4_1) acc[r] = _mm512_fmadd_ps(ys, _mm512_set1_ps(mw[r]), acc[r]);     \
+            const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(c[buf][r]));                 \
+            acc[r] = _mm512_fmadd_ps(v, _mm512_mul_ps(yd, _mm512_set1_ps(dwb[r][jb])), acc[r]); \
+            if (kind == Q4_1) acc[r] = _mm512_fmadd_ps(ys, _mm512_set1_ps(mwb[r][jb]), acc[r]); \
         }                                                                                      \
     } while (0)
     /* A pipeline three blocks deep, so that no data goes from a store straight to a load of
@@ -232,13 +240,13 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
 #define STEP(b, P, N, NA, NB)                                                                   \
     do {                                                                                       \
         if (!(WIDE8_SKIP & 2) && (b) + 2 < nb)                                                 \
-            block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, a[((b) + 2) & 3]);            \
+            block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, dw, mw, a[((b) + 2) & 3]);            \
         if (!(WIDE8_SKIP & 4)) _tile_stored(P, c[P], AMX_N * 4);                               \
         if (!(WIDE8_SKIP & 4) && (b) + 1 < nb) {                                               \
             _tile_loadd(NA, a[((b) + 1) & 3], HS_QK);                                          \
             _tile_loadd(NB, y[(b) + 1].lo, AMX_N * 4);                                         \
             _tile_zero(N);                                                                     \
-            _tile_dpbusd(N, NA, NB);                                                           \
+            _tile_dpbssd(N, NA, NB);                                                           \
         }                                                                                      \
         if (!(WIDE8_SKIP & 1) && (b) >= 1) DRAIN(N, (b) - 1);                                  \
     } while (0)
@@ -246,12 +254,12 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
         memset(a, 0, sizeof a);
         memset(c, 0, sizeof c);
     }
-    block_rows(kind, w, wstride, rows, nb, 0, grp, a[0]);
-    if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, grp, a[1]);
+    block_rows(kind, w, wstride, rows, nb, 0, grp, dw, mw, a[0]);
+    if (nb > 1) block_rows(kind, w, wstride, rows, nb, 1, grp, dw, mw, a[1]);
     _tile_loadd(2, a[0], HS_QK);
     _tile_loadd(4, y[0].lo, AMX_N * 4);
     _tile_zero(0);
-    _tile_dpbusd(0, 2, 4);
+    _tile_dpbssd(0, 2, 4);
     for (int b = 0; b < nb; b += 2) {
         STEP(b, 0, 1, 3, 5);
         if (b + 1 < nb) STEP(b + 1, 1, 0, 2, 4);

@@ -8,7 +8,7 @@
  * per pair, in k order; the kernel test's bf16 bounds hold either way).
  *
  * Semantics (Intel SDM, AMX): a tile has rows[t] rows of colsb[t] bytes (at most 16 x 64);
- * loads zero what lies past them; tdpbusd C[m][n] += sum_k sum_i u8 A[m][4k+i] * s8 B[k][4n+i]
+ * loads zero what lies past them; tdpbssd C[m][n] += sum_k sum_i s8 A[m][4k+i] * s8 B[k][4n+i]
  * for k < colsb(A) / 4; tdpbf16ps the same over pairs of bf16 into fp32. */
 #ifndef HS_AMX_EMULATE_H
 #define HS_AMX_EMULATE_H
@@ -46,7 +46,7 @@ static inline void hs_emu_stored(int t, void *base, size_t stride) {
 
 static inline void hs_emu_zero(int t) { memset(hs_emu.data[t], 0, sizeof hs_emu.data[t]); }
 
-static inline void hs_emu_dpbusd(int c, int a, int b) {
+static inline void hs_emu_dpbssd(int c, int a, int b) {
     const int m_rows = hs_emu.rows[c], n_cols = hs_emu.colsb[c] / 4, k_pairs = hs_emu.colsb[a] / 4;
     for (int m = 0; m < m_rows; m++)
         for (int n = 0; n < n_cols; n++) {
@@ -54,7 +54,7 @@ static inline void hs_emu_dpbusd(int c, int a, int b) {
             memcpy(&acc, &hs_emu.data[c][m][4 * n], 4);
             for (int k = 0; k < k_pairs; k++)
                 for (int i = 0; i < 4; i++)
-                    acc += (int32_t)hs_emu.data[a][m][4 * k + i] *
+                    acc += (int32_t)(int8_t)hs_emu.data[a][m][4 * k + i] *
                            (int32_t)(int8_t)hs_emu.data[b][k][4 * n + i];
             memcpy(&hs_emu.data[c][m][4 * n], &acc, 4);
         }
@@ -85,14 +85,14 @@ static inline void hs_emu_dpbf16ps(int c, int a, int b) {
 #undef _tile_loadd
 #undef _tile_stored
 #undef _tile_zero
-#undef _tile_dpbusd
+#undef _tile_dpbssd
 #undef _tile_dpbf16ps
 #define _tile_loadconfig(config) hs_emu_loadconfig(config)
 #define _tile_release() memset(&hs_emu, 0, sizeof hs_emu)
 #define _tile_loadd(t, base, stride) hs_emu_loadd((t), (base), (size_t)(stride))
 #define _tile_stored(t, base, stride) hs_emu_stored((t), (base), (size_t)(stride))
 #define _tile_zero(t) hs_emu_zero(t)
-#define _tile_dpbusd(c, a, b) hs_emu_dpbusd((c), (a), (b))
+#define _tile_dpbssd(c, a, b) hs_emu_dpbssd((c), (a), (b))
 #define _tile_dpbf16ps(c, a, b) hs_emu_dpbf16ps((c), (a), (b))
 
 #endif

@@ -35,7 +35,7 @@ sits in the step, so no prefill can match them in general):
 It is slow next to the float path (hundreds of small operations per layer, float64 where the
 kernels fuse) and meant for what needs the decoder's exact KV: a hand-off whose continuation is
 the CPU engine alone's. The decode side must run the same variant (`--kernels avx512vnni`;
-decode steps of under 24 sequences compute the same on amx), and glibc's expf/cosf/sinf/powf
+decode steps of under 16 sequences compute the same on amx), and glibc's expf/cosf/sinf/powf
 on both sides must be the same implementation (glibc >= 2.28 on both images).
 """
 
