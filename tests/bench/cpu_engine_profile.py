@@ -5,14 +5,16 @@ step rate, for each configuration side by side.
 
     .venv/bin/python -m tests.bench.cpu_engine_profile --model SPEC [--threads N]
         [--configs amx,avx512vnni] [--prompts 256,2048] [--batches 1,8,16] [--tokenizer JSON]
-        [--baseline REV] [--repeats N]
+        [--baseline REV] [--repeats N] [--depth D]
 
 SPEC as in cpu_engine_vs_llamacpp (`smollm2:q4_0`, `1.1b:q4_0`, `8b:q8_0`, ...). A configuration
 is a kernel variant, optionally with `@N` (HETEROSERVE_WIDE_MIN=N: activation rows from which the
 products go to the matrix unit), e.g. `amx@16`; each runs in its own process pinned to the first N
 CPUs, on 4 KiB pages (HETEROSERVE_HUGEPAGES=0, as in the llama.cpp comparison). Prefill: one
 warm-up, then the prompt in one call (the engine runs it in sub-steps of 128 tokens); decode:
-`--steps` steps of each batch, each sequence 32 positions in. Figures: milliseconds per call
+`--steps` steps of each batch, each sequence 32 positions in (`--depth D`: D positions in, each
+sequence's first D positions filled by prefill in chunks of 256 first: long-context decode, the
+attention over D positions). Figures: milliseconds per call
 (prefill) or per step (decode) for each phase, "other" being the step minus its phases (Python,
 sampling, the call itself).
 
@@ -39,7 +41,8 @@ from tests.bench import baseline
 from tests.bench.cpu_engine_vs_llamacpp import model_path, prompt_tokens
 
 
-def worker(path: str, threads: int, prompts: list[int], batches: list[int], steps: int) -> dict:
+def worker(path: str, threads: int, prompts: list[int], batches: list[int], steps: int,
+           depth: int = 32) -> dict:
     baseline.use()
     import heteroserve_cpu as hc
 
@@ -47,7 +50,8 @@ def worker(path: str, threads: int, prompts: list[int], batches: list[int], step
 
     pool = hc.Pool(sorted(os.sched_getaffinity(0))[:threads], threads, pin_caller=True)
     model, config, _ = load_model(path, pool)
-    sequences, per_seq = max(batches, default=1), -(-(max(prompts, default=0) + 64) // 16)
+    sequences = max(batches, default=1)
+    per_seq = -(-(max(max(prompts, default=0), depth) + 64) // 16)
     model.alloc_kv(per_seq * sequences, 16)
     tables = memoryview(array("i", range(per_seq * sequences))).cast("B").cast(
         "i", (sequences, per_seq))
@@ -76,11 +80,20 @@ def worker(path: str, threads: int, prompts: list[int], batches: list[int], step
         rows.append(timed(f"prefill {n}", 1, lambda p=prompt, n=n: run(p, range(n), [0] * n,
                                                                          [n - 1])))
         rows[-1]["tokens"] = n
+    filled = 0  # sequences whose first `depth` positions hold a prompt's K/V
     for batch in batches:
+        if depth > 32:
+            for s in range(filled, batch):
+                context = prompt_tokens(depth, config.n_vocab, 5 + s)
+                for p0 in range(0, depth, 256):
+                    chunk = context[p0:p0 + 256]
+                    run(chunk, range(p0, p0 + len(chunk)), [s] * len(chunk), [len(chunk) - 1])
+            filled = max(filled, batch)
         tokens = prompt_tokens(batch, config.n_vocab, 3)
-        run(tokens, [31] * batch, range(batch), range(batch))  # warm-up
-        rows.append(timed(f"decode x{batch}", steps,
-                          lambda t=tokens, b=batch: run(t, [32] * b, range(b), range(b))))
+        run(tokens, [depth - 1] * batch, range(batch), range(batch))  # warm-up
+        label = f"decode x{batch}" + (f" at {depth}" if depth != 32 else "")
+        rows.append(timed(label, steps,
+                          lambda t=tokens, b=batch: run(t, [depth] * b, range(b), range(b))))
         rows[-1]["tokens"] = batch
     return {"variant": hc.selected_variant(), "rows": rows}
 
@@ -98,7 +111,7 @@ def median_rows(samples: list[dict]) -> dict:
     return {"variant": samples[0]["variant"], "rows": rows}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True)
@@ -112,12 +125,17 @@ def main() -> int:
                         help="also run the CPU engine of this git revision, alternating")
     parser.add_argument("--repeats", type=int, default=1,
                         help="processes per configuration and build (medians over them)")
+    parser.add_argument("--depth", type=int, default=32,
+                        help="positions each decoding sequence is in (filled by prefill first)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     prompts = [int(p) for p in args.prompts.split(",") if p]
     batches = [int(b) for b in args.batches.split(",") if b]
+    if args.depth < 32:
+        parser.error("--depth: at least 32 (the default: 32 positions in)")
     if args.worker:
-        print(json.dumps(worker(args.model, args.threads, prompts, batches, args.steps)))
+        print(json.dumps(worker(args.model, args.threads, prompts, batches, args.steps,
+                                args.depth)))
         return 0
     name, path = model_path(args.model, args.tokenizer)
     print(f"## {name}: per-phase time, {args.threads} threads, 4 KiB pages\n")
@@ -137,7 +155,8 @@ def main() -> int:
                 out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile",
                                       "--worker", "--model", str(path), "--threads",
                                       str(args.threads), "--prompts", args.prompts, "--batches",
-                                      args.batches, "--steps", str(args.steps)], env=env,
+                                      args.batches, "--steps", str(args.steps), "--depth",
+                                      str(args.depth)], env=env,
                                      check=True, capture_output=True, text=True).stdout
                 result = json.loads(out.strip().splitlines()[-1])
                 if result["variant"] != variant:

@@ -3,7 +3,9 @@ beside it (what tells an A/B's gain from the spread between processes)."""
 
 from __future__ import annotations
 
-from tests.bench.cpu_engine_profile import median_rows
+import pytest
+
+from tests.bench.cpu_engine_profile import main, median_rows
 
 
 def sample(wall: float, attention: float) -> dict:
@@ -23,3 +25,10 @@ def test_medians_and_the_range_of_the_wall_times():
 def test_one_process_is_its_own_range():
     row = median_rows([sample(0.012, 0.004)])["rows"][0]
     assert row["wall"] == row["walls"][0] == row["walls"][1] == 0.012
+
+
+def test_a_depth_under_the_default_32_positions_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--model", "1.1b:q4_0", "--depth", "8"])
+    assert exit_info.value.code == 2
+    assert "--depth: at least 32" in capsys.readouterr().err

@@ -241,16 +241,31 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
     for (int r = 0; r < R; r++) _mm256_storeu_ps(s[r] + s0, hsum8_ps(a[r]));
 }
 
+/* How the decode attention (attend_f16_rows) fetches the next span's K and V rows ahead; both
+ * can be defined from outside for measurements. ATTN_PF_HINT: into L2 (a scratch single-thread
+ * timing of 4 heads x 256 positions a call over 92 MB of 1 KiB-strided rows on the VM: 84 ns a
+ * position without, 34-40 into L2, 64-73 into L1, 38-54 into L3); ATTN_PF 0: none. */
+#ifndef ATTN_PF_HINT
+#define ATTN_PF_HINT _MM_HINT_T1
+#endif
+#ifndef ATTN_PF
+#define ATTN_PF 1
+#endif
+
 /* acc[r][0..hd) += w[r][p] * v[p] for positions [from, to) in order, R rows at once. */
 static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
                                                              const hs_fp16 *const *v, int from,
                                                              int to, const float (*w)[HS_ATTN_SPAN],
-                                                             float *const *acc) {
+                                                             float *const *acc,
+                                                             const hs_fp16 *const *pf, int npf) {
     for (int j = 0; j < hd; j += 32) {
         __m256 a[AXPY_ROWS][4];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < 4; c++) a[r][c] = _mm256_loadu_ps(acc[r] + j + 8 * c);
         for (int p = from; p < to; p++) {
+            if (j == 0 && p < npf) /* a row to fetch ahead a position (rows_span's next span) */
+                for (int b = 0; b < hd * (int)sizeof(hs_fp16); b += 64)
+                    _mm_prefetch((const char *)pf[p] + b, ATTN_PF_HINT);
             __m256 vv[4];
             for (int c = 0; c < 4; c++)
                 vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p] + j + 8 * c)));
@@ -344,19 +359,36 @@ static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
 }
 #endif
 
+/* Every cache line of rows [from, to) of k and v, fetched ahead. */
+static inline void prefetch_rows(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
+                                 int to) {
+    for (int p = from; p < to; p++)
+        for (int b = 0; b < hd * (int)sizeof(hs_fp16); b += 64) {
+            _mm_prefetch((const char *)k[p] + b, ATTN_PF_HINT);
+            _mm_prefetch((const char *)v[p] + b, ATTN_PF_HINT);
+        }
+}
+
 /* One span of n (<= HS_ATTN_SPAN) positions, K rows k[p] and V rows v[p], for rows [first, last)
  * of which row r takes the first nr[r] (rows with none are left as they are). hd a multiple of
- * 32, at most HS_ATTN_HD. */
-static inline void rows_span(int hd, int first, int last, const int *nr, float scale,
+ * 32, at most HS_ATTN_HD. The next span's next_n rows (next_k, next_v) are fetched ahead while
+ * it runs; inlined into each caller, so that a prefill chunk's (NULL, 0) compiles the fetching
+ * out (left in as run-time checks it cost attend_rows 5 %: tests/bench/attend_rows.sh). */
+static inline __attribute__((always_inline)) void rows_span(int hd, int first, int last, const int *nr, float scale,
                              const float *const *q, const hs_fp16 *const *k,
                              const hs_fp16 *const *v, int n, float *m, float *l, float *const *acc,
-                             float (*s)[HS_ATTN_SPAN]) {
+                             float (*s)[HS_ATTN_SPAN], const hs_fp16 *const *next_k,
+                             const hs_fp16 *const *next_v, int next_n) {
     static const hs_fp16 zero_row[HS_ATTN_HD]; /* the scores past n of the last 8: never used */
     for (int r0 = first; r0 < last; r0 += ROWS_TILE) {
         const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
         int most = 0;
         for (int r = r0; r < r0 + R; r++) most = nr[r] > most ? nr[r] : most;
         for (int p = 0; p < most; p += 8) {
+            if (r0 == first) /* the next span's K rows, 8 a step, during the first scores */
+                for (int i = p; i < p + 8 && i < next_n; i++)
+                    for (int b = 0; b < hd * (int)sizeof(hs_fp16); b += 64)
+                        _mm_prefetch((const char *)next_k[i] + b, ATTN_PF_HINT);
             const hs_fp16 *k8[8];
             for (int i = 0; i < 8; i++) k8[i] = p + i < n ? k[p + i] : zero_row;
 #if ROWS_TILE == 3
@@ -388,6 +420,9 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
     const int tiles = (last - first + AXPY_ROWS - 1) / AXPY_ROWS;
     for (int t = 0, r0 = first; t < tiles; t++) {
         const int R = (last - r0) / (tiles - t);
+        /* the first tile fetches the next span's V rows ahead, one a position */
+        const hs_fp16 *const *pv = t == 0 ? next_v : NULL;
+        const int npv = t == 0 ? next_n : 0;
         int common = n;
         for (int r = r0; r < r0 + R; r++) common = nr[r] < common ? nr[r] : common;
         if (common < 0) common = 0;
@@ -395,24 +430,30 @@ static inline void rows_span(int hd, int first, int last, const int *nr, float s
 #if AXPY_ROWS > 2
 #if AXPY_ROWS > 4
 #if AXPY_ROWS > 5
-        case 6: rows_axpys(6, hd, v, 0, common, w + r0, acc + r0); break;
+        case 6: rows_axpys(6, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 5: rows_axpys(5, hd, v, 0, common, w + r0, acc + r0); break;
+        case 5: rows_axpys(5, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 4: rows_axpys(4, hd, v, 0, common, w + r0, acc + r0); break;
-        case 3: rows_axpys(3, hd, v, 0, common, w + r0, acc + r0); break;
+        case 4: rows_axpys(4, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 3: rows_axpys(3, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 2: rows_axpys(2, hd, v, 0, common, w + r0, acc + r0); break;
-        default: rows_axpys(1, hd, v, 0, common, w + r0, acc + r0); break;
+        case 2: rows_axpys(2, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        default: rows_axpys(1, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
         }
         for (int r = r0; r < r0 + R; r++)
-            if (nr[r] > common) rows_axpys(1, hd, v, common, nr[r], w + r, acc + r);
+            if (nr[r] > common) rows_axpys(1, hd, v, common, nr[r], w + r, acc + r, NULL, 0);
         r0 += R;
     }
 }
 
 /* attend_f16 (kernels.h) of hd a multiple of 32 up to HS_ATTN_HD on rows_span, attend.h's loops
- * otherwise: the same bits either way. */
+ * otherwise: the same bits either way. A decode token's K and V rows come from the cache, one
+ * KV head's rows a whole cached position apart (kvd fp16s: a few rows to a 4 KiB page, so the
+ * hardware's page-bound streams hardly follow them); each span fetches the next span's rows
+ * ahead while it computes, K during the first row tile's scores, V during the first axpy
+ * tile (at 2048 positions on the VM the attention had waited on those loads for most of its
+ * time: a perf profile put half of rows_span's samples on the two loads that miss; with the
+ * prefetch the 1.1B's attention phase went from 12.2-12.9 to 7.1-7.4 ms a token). */
 static void attend_f16_rows(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                             const hs_fp16 *const *v, int count, float *m, float *l, float *acc) {
     if (hd % 32 || hd > HS_ATTN_HD) {
@@ -426,8 +467,11 @@ static void attend_f16_rows(int hd, int ng, float scale, const float *q, const h
     for (int g = 0; g < ng; g++) qs[g] = q + (size_t)g * hd, as[g] = acc + (size_t)g * hd;
     for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
         const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
+        const int next = ATTN_PF ? (count - p0 - n < HS_ATTN_SPAN ? count - p0 - n : HS_ATTN_SPAN) : 0;
+        if (ATTN_PF && p0 == 0) prefetch_rows(hd, k, v, 0, n);
         for (int g = 0; g < ng; g++) nr[g] = n;
-        rows_span(hd, 0, ng, nr, scale, qs, k + p0, v + p0, n, m, l, as, s);
+        rows_span(hd, 0, ng, nr, scale, qs, k + p0, v + p0, n, m, l, as, s, k + p0 + n, v + p0 + n,
+                  next);
     }
 }
 
@@ -463,7 +507,7 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
             k[p] = kv + (size_t)(p0 + p) * 2 * hd;
             v[p] = k[p] + hd;
         }
-        rows_span(hd, first, last, nr, scale, q, k, v, n, m, l, acc, s);
+        rows_span(hd, first, last, nr, scale, q, k, v, n, m, l, acc, s, NULL, NULL, 0);
     }
 }
 
