@@ -8,6 +8,9 @@
 #                                head, and the 1.1B's 8)
 #   BASE=HEAD  ROUNDS=3  REPS=10  (best of REPS passes per run)
 #   DEFS="-DAXPY_ROWS=5"         defines for the current build only (x86_common.h's tile sizes)
+#   DECODE="4 512 90000"         instead, tests/bench/attend_decode.c: attend_f16 (a decode
+#                                token's attention) of GROUP heads over POSITIONS cached rows
+#                                STRIDE fp16s apart, far past the caches (ns per position)
 #   FMA_THREADS=2                also the vector unit's FMA rate on 1 and on this many threads
 #                                (tests/bench/fma_peak.c): the bound the attention runs against
 #                                (default: nproc; 0 leaves it out)
@@ -26,6 +29,7 @@ build() { # TAG SOURCE-FOLDER [DEFINES]
   gcc $CF -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 \
       -mamx-tile -mamx-int8 -mamx-bf16 -c "$S/x86_amx.c" -o "$o/amx.o"
   gcc $CF tests/bench/attend_rows.c "$o"/*.o -lm -o "$o/attend_rows"
+  gcc $CF tests/bench/attend_decode.c "$o"/*.o -lm -o "$o/attend_decode"
 }
 TAGS=cur
 build cur engines/cpu/src "${DEFS:-}"
@@ -40,6 +44,18 @@ fma_threads=${FMA_THREADS:-$(nproc)}
 if [ "$fma_threads" != 0 ]; then
   gcc -O2 -mavx2 -mfma tests/bench/fma_peak.c -lpthread -o "$B/fma_peak"
   "$B/fma_peak" "$fma_threads"
+fi
+if [ -n "${DECODE:-}" ]; then
+  read -r -a decode <<< "$DECODE"
+  [ ${#decode[@]} -eq 3 ] || { echo "DECODE '$DECODE': write GROUP STRIDE POSITIONS" >&2; exit 2; }
+  echo "| build | variant | shape | ns per position | ns per row-position | check |"
+  echo "|---|---|---|---|---|---|"
+  for v in ${VARIANTS:-avx512vnni}; do
+    for _ in $(seq "${ROUNDS:-3}"); do
+      for t in $TAGS; do "$B/$t/attend_decode" "$t" "$v" "${decode[@]}"; done
+    done
+  done
+  exit 0
 fi
 echo "| build | variant | head | heads per KV head | positions | ms (best of ${REPS:-10}) | ns per row-position | check |"
 echo "|---|---|---|---|---|---|---|---|"

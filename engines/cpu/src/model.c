@@ -72,8 +72,8 @@ void *hs_alloc_large(size_t bytes) {
 
 /* Activation rows from which a product goes to the kernel's bf16 matrix-unit path (wide), where
  * it has one: HETEROSERVE_WIDE_MIN (>= 2), else WIDE_MIN. Below it, the int8 tile products
- * (wide8, from WIDE8_MIN rows) and the register tiles. The bf16 path dequantizes every weight of a
- * product once, whatever its rows. On the 16-core host (tests/bench/cpu_engine_profile) it took
+ * (wide8, from HS_WIDE8_MIN rows of a pass, model.h) and the register tiles. The bf16 path
+ * dequantizes every weight of a product once, whatever its rows. On the 16-core host (tests/bench/cpu_engine_profile) it took
  * 277 ms for an 8B step of 16 sequences against the int8 tiles' 136 ms (cpu_engine_vs_llamacpp),
  * and prefilled 2.2x the register tiles' rate; 48 is an estimate from single-core costs on the
  * 2-core VM (dequantizing a weight against one int8 block's scaling per 16 rows), not a measured
@@ -344,10 +344,6 @@ typedef struct {
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
  * activations of a pass stay in L2 while the weight rows stream through. */
 #define COL_CHUNK 32
-/* Activation rows (of a COL_CHUNK pass) from which the kernel's int8 tile-unit products
- * (wide8, amx) take every whole group of 16: HS_WIDE8_MIN (model.h); fewer run on the register
- * tiles (amx's 1 x 8). */
-#define WIDE8_MIN HS_WIDE8_MIN
 /* Weight rows and activation rows per packed product (the kernels' widest tile; activation
  * rows up to the variant's mm_cols where it sets one). */
 #define MM_TILE 4
@@ -374,7 +370,7 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
     for (int c0 = 0; c0 < t->n; c0 += COL_CHUNK) {
         const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
         int i0 = c0;
-        if (wide8 && r1 > r0 && c1 - c0 >= WIDE8_MIN) /* int8 tile-unit products first; the
+        if (wide8 && r1 > r0 && c1 - c0 >= HS_WIDE8_MIN) /* int8 tile-unit products first; the
                                                         * columns they leave, below */
             i0 += wide8(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
                         t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
@@ -713,11 +709,11 @@ static void attn_combine(void *p, int ith, int nth) {
 typedef struct { hs_model *m; int n, by_rows; } swiglu_ctx;
 
 /* The kernels' faster SwiGLU (k->swiglu_wide) serves steps of SWIGLU_VECTOR_MIN tokens or more:
- * WIDE8_MIN, from which amx's products run on the tile unit and differ from avx512vnni's anyway.
- * A decode step of fewer sequences (its products on the register tiles, avx512vnni's bits:
+ * HS_WIDE8_MIN (model.h), from which amx's products run on the tile unit and differ from
+ * avx512vnni's anyway. A decode step of fewer sequences (its products on the register tiles, avx512vnni's bits:
  * the kernel test's exact_packed_dot) stays bit for bit avx512vnni's (k->swiglu, or the scalar
  * loop: glibc's expf), which the exact KV hand-off relies on (prefill/exact.py). */
-#define SWIGLU_VECTOR_MIN WIDE8_MIN
+#define SWIGLU_VECTOR_MIN HS_WIDE8_MIN
 
 static void swiglu_range(const swiglu_ctx *t, float *gate, const float *up, size_t begin,
                          size_t end) {

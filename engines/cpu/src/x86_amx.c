@@ -101,7 +101,7 @@ static void configure_tiles_i8(void) {
 }
 
 /* The blocks of AMX_N activation rows, gathered into tile layout. */
-static void gather_blocks(int kind, int nb, const char *a, size_t astride, amx_block *out) {
+static void gather_blocks(int nb, const char *a, size_t astride, amx_block *out) {
     const int ng = (nb + GROUP - 1) / GROUP;
     const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
                                                               12, 13, 14, 15),
@@ -299,7 +299,7 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
     /* Every group of AMX_N activation rows gathered first, then each weight strip meets all of
      * them in turn while it is still in L1/L2 (the matrix is read from memory once). */
     for (int c = 0; c < groups; c++)
-        gather_blocks(kind, nb, (const char *)a + (size_t)c * AMX_N * astride, astride,
+        gather_blocks(nb, (const char *)a + (size_t)c * AMX_N * astride, astride,
                       scratch + (size_t)c * nb);
     const size_t qbytes = kind == Q8_0 ? 32 : 16, tail = (size_t)nb * (kind == Q4_1 ? 4 : 2);
     for (int r = 0; r < nrows; r += AMX_M) {

@@ -242,9 +242,12 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
 }
 
 /* How the decode attention (attend_f16_rows) fetches the next span's K and V rows ahead; both
- * can be defined from outside for measurements. ATTN_PF_HINT: into L2 (a scratch single-thread
- * timing of 4 heads x 256 positions a call over 92 MB of 1 KiB-strided rows on the VM: 84 ns a
- * position without, 34-40 into L2, 64-73 into L1, 38-54 into L3); ATTN_PF 0: none. */
+ * can be defined from outside for measurements (tests/bench/attend_rows.sh DECODE=... DEFS=...).
+ * ATTN_PF_HINT: into L2 (on one VM thread L1 read 71-72 against 75-78 ns a position, level
+ * within that script's spread; docs/benchmarks.md, the sixth round);
+ * ATTN_PF 0: none. The row loops below are written out where they are used: a build with one
+ * shared row helper lost most of the gain (the 1.1B's attention at 2048 positions 6.2 against
+ * 10.4-12.5 ms a token), which the compiler's choices, not the operations, explain. */
 #ifndef ATTN_PF_HINT
 #define ATTN_PF_HINT _MM_HINT_T1
 #endif
@@ -452,8 +455,8 @@ static inline __attribute__((always_inline)) void rows_span(int hd, int first, i
  * hardware's page-bound streams hardly follow them); each span fetches the next span's rows
  * ahead while it computes, K during the first row tile's scores, V during the first axpy
  * tile (at 2048 positions on the VM the attention had waited on those loads for most of its
- * time: a perf profile put half of rows_span's samples on the two loads that miss; with the
- * prefetch the 1.1B's attention phase went from 12.2-12.9 to 7.1-7.4 ms a token). */
+ * time: a perf profile put half of rows_span's samples on the two loads that miss;
+ * docs/benchmarks.md, the sixth round, has the timings). */
 static void attend_f16_rows(int hd, int ng, float scale, const float *q, const hs_fp16 *const *k,
                             const hs_fp16 *const *v, int count, float *m, float *l, float *acc) {
     if (hd % 32 || hd > HS_ATTN_HD) {
