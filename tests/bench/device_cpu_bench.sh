@@ -24,7 +24,7 @@
 # back as .bench-carry/llama-bins.tgz, a fresh machine unpacks it instead of building, provided
 # its CPU (model name and flags) is the one it was built on. Then the engine-vs-llama.cpp table
 # for MODELS (with ik_llama.cpp where built), and, where LONG names depths, the long-context
-# table on the 1.1B q4_0 (llama.cpp only).
+# table on the 1.1B q4_0 (ik_llama.cpp too where built).
 # First of all the kernel tests (engines/cpu/tests/kernel_test.c, built here: every variant this
 # CPU grants against the reference, amx included wherever AMX is granted): a failure stops the run
 # before any number is measured.
@@ -119,7 +119,7 @@ grep -E "Model name|L3|Flags" "$out/lscpu.txt" | cut -c1-160
 echo "bench done: $(( $(date +%s) - t0 )) s"
 if [ -n "${LONG:-}" ]; then
   python3 -m tests.bench.cpu_engine_long_context --threads "$threads" --llama-bin "$bin" \
-    --depths "$LONG" --pairs "$pairs" --model "$HETEROSERVE_CACHE/bench/synthetic-tiled-llama-1.1b-q4_0.gguf" \
+    ${ik_bin:+--ik-llama-bin "$ik_bin"} --depths "$LONG" --pairs "$pairs" --model "$HETEROSERVE_CACHE/bench/synthetic-tiled-llama-1.1b-q4_0.gguf" \
     | tee "$out/long-context.txt"
   echo "long context done: $(( $(date +%s) - t0 )) s"
 fi
