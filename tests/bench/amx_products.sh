@@ -49,7 +49,7 @@ S=engines/cpu/src B=${BUILD:-/tmp/amx-products}
 mkdir -p "$B"
 CF="-O3 -std=gnu11 -fPIC -fopenmp -I$S"
 X512="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni"
-AMX="$X512 -mavx512bf16 -mamx-tile -mamx-int8 -mamx-bf16"
+AMX="$X512 -mavx512vbmi -mavx512bf16 -mamx-tile -mamx-int8 -mamx-bf16"
 pids=()  # every background compile, waited for one by one: a failed one stops the script
 for f in ref dispatch threadpool model bandwidth sample; do gcc $CF -c $S/$f.c -o "$B/$f.o" & pids+=($!); done
 gcc $CF -mavx2 -mfma -mf16c -c $S/x86_avx2.c -o "$B/avx2.o" & pids+=($!)

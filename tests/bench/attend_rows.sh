@@ -26,7 +26,7 @@ build() { # TAG SOURCE-FOLDER [DEFINES]
   gcc $CF -mavx2 -mfma -mf16c -c "$S/x86_avx2.c" -o "$o/avx2.o"
   gcc $CF -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni \
       -c "$S/x86_avx512.c" -o "$o/avx512.o"
-  gcc $CF -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16 \
+  gcc $CF -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi -mavx512bf16 \
       -mamx-tile -mamx-int8 -mamx-bf16 -c "$S/x86_amx.c" -o "$o/amx.o"
   gcc $CF tests/bench/attend_rows.c "$o"/*.o -lm -o "$o/attend_rows"
   gcc $CF tests/bench/attend_decode.c "$o"/*.o -lm -o "$o/attend_decode"

@@ -19,15 +19,19 @@ static int has_avx512vnni(void) {
     return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 }
-/* AMX tile data needs the kernel's permission (Linux 5.16+), asked once for the process. */
+/* AMX tile data needs the kernel's permission (Linux 5.16+), asked once for the process. The
+ * amx variant also uses AVX512-VBMI (vpermb, the int8 tiles' q4 unpacking), which every CPU with
+ * AMX has. */
 static int has_amx(void) {
     static int state = -1;
     if (state < 0) {
         __builtin_cpu_init();
 #ifdef HS_AMX_EMULATE /* the kernel test's emulated tiles (engines/cpu/tests/amx_emulate.h) */
-        state = has_avx512vnni() && __builtin_cpu_supports("avx512bf16");
+        state = has_avx512vnni() && __builtin_cpu_supports("avx512bf16") &&
+                __builtin_cpu_supports("avx512vbmi");
 #else
         state = has_avx512vnni() && __builtin_cpu_supports("avx512bf16") &&
+                __builtin_cpu_supports("avx512vbmi") &&
                 __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") &&
                 __builtin_cpu_supports("amx-bf16") &&
                 syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;

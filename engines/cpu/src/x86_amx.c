@@ -7,8 +7,9 @@
  * block, so the 16 x 16 result leaves the tile after every block to be scaled on the vector unit
  * (convert, weight x activation scale, FMA) into float accumulators, while the tile unit
  * multiplies the next block (two C tiles alternate). Weights: each block of a 16-row strip is
- * copied into a 16 x 32 scratch tile first, signed (q4_0's nibbles - 8, q8_0's packed halves
- * joined and their + 128 taken off, q4_1's nibbles as they are), and each group of 16 blocks'
+ * copied into a 16 x 32 scratch tile first, signed (q4_0's nibbles - 8, q4's looked up in a
+ * byte table by vpermb, AVX512-VBMI; q8_0's packed halves joined and their + 128 taken off,
+ * q4_1's nibbles as they are), and each group of 16 blocks'
  * scales of the 16 rows converted once, when its quants are; activations: each block's 16
  * columns gathered once per call into the tile layout, every group of 16 before the first
  * strip, so that a strip meets them all while in cache. The integer sums are the same as u8
@@ -159,11 +160,20 @@ static void group_rows(int kind, const uint8_t *w, size_t wstride, int rows, int
 static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int rows, int nb, int b,
                               uint8_t *grp, float (*dw)[AMX_M][GROUP], float (*mw)[AMX_M][GROUP],
                               uint8_t *a) {
-    const __m512i low4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
     const __m512i sign = _mm512_set1_epi8((char)0x80);
-    /* qword order [row0 lo, row0 hi, row1 lo, row1 hi] from 4 rows' lo and hi halves */
+    /* q8_0: qword order [row0 lo, row0 hi, row1 lo, row1 hi] from 4 rows' lo and hi halves */
     const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    /* q4: two rows' 16 bytes each twice, [row0, row0, row1, row1]; the second and fourth 16
+     * bytes shifted right by 4 in 16-bit words (each byte's high nibble to bits 0-3, the next
+     * byte's low nibble to bits 4-7), then every byte looked up by its bits 0-5 (vpermb) in a
+     * table that repeats every 16 entries: the nibble, less 8 for q4_0. So [row0 elements 0..15,
+     * 16..31, row1 0..15, 16..31], signed, in three vector operations a row pair. */
+    const __m512i nibble_shift = _mm512_setr_epi64(0, 0, 0x0004000400040004LL, 0x0004000400040004LL,
+                                                   0, 0, 0x0004000400040004LL, 0x0004000400040004LL);
+    const __m512i values = _mm512_broadcast_i32x4(
+        kind == Q4_0 ? _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7)
+                     : _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     const size_t qbytes = kind == Q8_0 ? 32 : 16, row_bytes = AMX_M * qbytes;
     const int j = b % GROUP;
     if (j == 0) group_rows(kind, w, wstride, rows, nb, b / GROUP, grp, dw[(b / GROUP) & 1], mw[(b / GROUP) & 1]);
@@ -178,30 +188,30 @@ static inline void block_rows(int kind, const uint8_t *w, size_t wstride, int ro
                 _mm_prefetch(p, PF_HINT);
                 if (kind == Q8_0) _mm_prefetch(p + 64, PF_HINT);
             }
-        __m512i lo, hi;
-        if (kind == Q8_0) { /* already unsigned */
-            lo = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes)));
-            hi = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes + 256)));
+        /* signed, as tdpbssd takes them: q4_0's nibbles - 8, q8_0's stored q + 128 back to q
+         * (q4_1's 0..15 are both) */
+        if (kind == Q8_0) {
+            __m512i lo = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes)));
+            __m512i hi = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes + 256)));
             for (int i = 1; i < 4; i++) {
                 const uint8_t *p = at + (size_t)(r + i) * row_bytes;
                 lo = _mm512_inserti32x4(lo, _mm_load_si128((const __m128i *)p), i);
                 hi = _mm512_inserti32x4(hi, _mm_load_si128((const __m128i *)(p + 256)), i);
             }
+            const __m512i x0 = _mm512_permutex2var_epi64(lo, first, hi);
+            const __m512i x1 = _mm512_permutex2var_epi64(lo, second, hi);
+            _mm512_store_si512(a + r * 32, _mm512_xor_si512(x0, sign));
+            _mm512_store_si512(a + r * 32 + 64, _mm512_xor_si512(x1, sign));
         } else {
-            __m512i raw = _mm512_castsi128_si512(_mm_load_si128((const __m128i *)(at + r * row_bytes)));
-            for (int i = 1; i < 4; i++)
-                raw = _mm512_inserti32x4(
-                    raw, _mm_load_si128((const __m128i *)(at + (size_t)(r + i) * row_bytes)), i);
-            lo = _mm512_and_si512(raw, low4);
-            hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+            for (int h = 0; h < 4; h += 2) {
+                const uint8_t *p = at + (size_t)(r + h) * row_bytes;
+                const __m512i twice = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)p))),
+                    _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i *)(p + row_bytes))), 1);
+                _mm512_store_si512(a + (r + h) * 32,
+                                   _mm512_permutexvar_epi8(_mm512_srlv_epi16(twice, nibble_shift), values));
+            }
         }
-        /* signed, as tdpbssd takes them: q4_0's nibbles - 8, q8_0's stored q + 128 back to q
-         * (q4_1's 0..15 are both) */
-        __m512i x0 = _mm512_permutex2var_epi64(lo, first, hi), x1 = _mm512_permutex2var_epi64(lo, second, hi);
-        if (kind == Q4_0) x0 = _mm512_sub_epi8(x0, eight), x1 = _mm512_sub_epi8(x1, eight);
-        if (kind == Q8_0) x0 = _mm512_xor_si512(x0, sign), x1 = _mm512_xor_si512(x1, sign);
-        _mm512_store_si512(a + r * 32, x0);
-        _mm512_store_si512(a + r * 32 + 64, x1);
     }
 }
 
@@ -240,7 +250,7 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
 #define STEP(b, P, N, NA, NB)                                                                   \
     do {                                                                                       \
         if (!(WIDE8_SKIP & 2) && (b) + 2 < nb)                                                 \
-            block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, dw, mw, a[((b) + 2) & 3]);            \
+            block_rows(kind, w, wstride, rows, nb, (b) + 2, grp, dw, mw, a[((b) + 2) & 3]);    \
         if (!(WIDE8_SKIP & 4)) _tile_stored(P, c[P], AMX_N * 4);                               \
         if (!(WIDE8_SKIP & 4) && (b) + 1 < nb) {                                               \
             _tile_loadd(NA, a[((b) + 1) & 3], HS_QK);                                          \
