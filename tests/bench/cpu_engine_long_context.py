@@ -1,7 +1,7 @@
 """Batch-1 decode deep into a context, CPU engine vs llama.cpp's llama-bench (a script, not a test).
 
-    .venv/bin/python -m tests.bench.cpu_engine_long_context --llama-bin DIR [--threads N]
-        [--depths 512,2048] [--pairs 3] [--model PATH ...] [--baseline REV]
+    .venv/bin/python -m tests.bench.cpu_engine_long_context --llama-bin DIR [--ik-llama-bin DIR]
+        [--threads N] [--depths 512,2048] [--pairs 3] [--model PATH ...] [--baseline REV]
 
 The main benchmark (cpu_engine_vs_llamacpp) decodes from the first positions of each sequence;
 here one sequence is first filled to each depth, then 16 tokens are decoded and timed (tok/s). The
