@@ -594,6 +594,34 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
     part[hd + 1] = sum;
 }
 
+/* Whether a one-token block's item fetches the next item's first rows ahead (fetch_item); a
+ * measurement knob (0: off), 1 in the engine. */
+#ifndef ATTN_NEXT_ITEM
+#define ATTN_NEXT_ITEM 1
+#endif
+
+/* The K and V rows of the first kernel span (HS_ATTN_SPAN positions) of one-token item w (block
+ * b's, or a later block's), fetched into L2 while the item before it runs. attend_f16 fetches
+ * each later span of an item ahead itself, but not its first: without this a quarter of a
+ * 256-position item's rows came in on demand, a whole cached position apart. */
+static void fetch_item(const attn_ctx *t, int w, int b) {
+    const hs_model *m = t->m;
+    const hs_config *c = &m->c;
+    while (m->attn_first[b + 1] <= w) b++;
+    const int i0 = m->attn_block[b], spans = attn_spans(t->pos[i0]);
+    const int item = w - m->attn_first[b], kvh = item / spans, p0 = item % spans * ATTN_SPAN;
+    const int len = t->pos[i0] + 1, hd = c->head_dim, kvd = c->n_head_kv * hd;
+    const int count = len - p0 < HS_ATTN_SPAN ? len - p0 : HS_ATTN_SPAN;
+    const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
+    for (int j = 0; j < count; j++) {
+        const size_t row = layer_off + slot_of(t, t->seq[i0], p0 + j) * kvd + (size_t)kvh * hd;
+        for (size_t at = 0; at < (size_t)hd * sizeof(hs_fp16); at += 64) {
+            __builtin_prefetch((const char *)(m->k_cache + row) + at, 0, 2);
+            __builtin_prefetch((const char *)(m->v_cache + row) + at, 0, 2);
+        }
+    }
+}
+
 /* Items: with one-token blocks only (decode), block by block, each block's KV heads and spans
  * in turn. With blocks of several tokens (a prefill chunk), KV head, span, then block (items of
  * blocks with fewer spans left empty): a thread's consecutive items then mostly share a KV head
@@ -663,6 +691,7 @@ static void attn_task(void *p, int ith, int nth) {
             kp[j] = m->k_cache + row;
             vp[j] = m->v_cache + row;
         }
+        if (ATTN_NEXT_ITEM && !smax && w + 1 < w1) fetch_item(t, w + 1, b);
         for (int h0 = kvh * group; h0 < (kvh + 1) * group; h0 += HS_ATTN_GROUP) {
             const int left = (kvh + 1) * group - h0, ng = left < HS_ATTN_GROUP ? left : HS_ATTN_GROUP;
             for (int g = 0; g < ng; g++) mx[g] = -INFINITY, sum[g] = 0.0f;
