@@ -214,6 +214,12 @@ int hs_model_set(hs_model *m, int which, int layer, int type, int rows, int cols
     }
 }
 
+/* Where layer's rows begin in k_cache and v_cache (elements): each layer holds a row of
+ * n_head_kv * head_dim halves for each of the cache's slots. */
+static inline size_t kv_layer(const hs_model *m, int layer) {
+    return (size_t)layer * m->n_blocks * m->block_size * m->c.n_head_kv * m->c.head_dim;
+}
+
 static int kv_rows_valid(const hs_model *m, int layer, int n, const int32_t *slots) {
     if (!m->k_cache || layer < 0 || layer >= m->c.n_layer || n < 0) return 0;
     for (int i = 0; i < n; i++)
@@ -225,7 +231,7 @@ int hs_model_write_kv(hs_model *m, int layer, int n, const int32_t *slots, const
                       const void *v) {
     if (!kv_rows_valid(m, layer, n, slots)) return -1;
     const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim, row = kvd * sizeof(hs_fp16);
-    const size_t layer_off = (size_t)layer * m->n_blocks * m->block_size * kvd;
+    const size_t layer_off = kv_layer(m, layer);
     for (int i = 0; i < n; i++) {
         memcpy(m->k_cache + layer_off + (size_t)slots[i] * kvd, (const char *)k + i * row, row);
         memcpy(m->v_cache + layer_off + (size_t)slots[i] * kvd, (const char *)v + i * row, row);
@@ -236,7 +242,7 @@ int hs_model_write_kv(hs_model *m, int layer, int n, const int32_t *slots, const
 int hs_model_read_kv(const hs_model *m, int layer, int n, const int32_t *slots, void *k, void *v) {
     if (!kv_rows_valid(m, layer, n, slots)) return -1;
     const size_t kvd = (size_t)m->c.n_head_kv * m->c.head_dim, row = kvd * sizeof(hs_fp16);
-    const size_t layer_off = (size_t)layer * m->n_blocks * m->block_size * kvd;
+    const size_t layer_off = kv_layer(m, layer);
     for (int i = 0; i < n; i++) {
         memcpy((char *)k + i * row, m->k_cache + layer_off + (size_t)slots[i] * kvd, row);
         memcpy((char *)v + i * row, m->v_cache + layer_off + (size_t)slots[i] * kvd, row);
@@ -523,6 +529,14 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
     return (size_t)block * t->m->block_size + p % t->m->block_size;
 }
 
+/* Where, in k_cache and v_cache, the row of KV head kvh at position p of sequence s lies in
+ * this step's layer. */
+static inline size_t kv_row(const attn_ctx *t, int s, int p, int kvh) {
+    const hs_model *m = t->m;
+    const size_t hd = (size_t)m->c.head_dim, kvd = m->c.n_head_kv * hd;
+    return kv_layer(m, t->layer) + slot_of(t, s, p) * kvd + kvh * hd;
+}
+
 /* The attention of a step is split into items: one KV head of a block of tokens over one span
  * of ATTN_SPAN of its positions, all the query heads sharing that KV head at once. A block is
  * one token (attend_f16, the decode case), or, where the kernels have attend_rows, up to
@@ -600,22 +614,29 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
 #define ATTN_NEXT_ITEM 1
 #endif
 
+/* Item w of a step of one-token blocks (decode order: block by block, each block's KV heads and
+ * spans in turn): its block, searched from block b (at or before w's), its KV head and span. */
+static int decode_item(const attn_ctx *t, int w, int b, int *kvh, int *span) {
+    const hs_model *m = t->m;
+    while (m->attn_first[b + 1] <= w) b++;
+    const int item = w - m->attn_first[b], spans = attn_spans(t->pos[m->attn_block[b]]);
+    *kvh = item / spans, *span = item % spans;
+    return b;
+}
+
 /* The K and V rows of the first kernel span (HS_ATTN_SPAN positions) of one-token item w (block
  * b's, or a later block's), fetched into L2 while the item before it runs. attend_f16 fetches
  * each later span of an item ahead itself, but not its first: without this a quarter of a
  * 256-position item's rows came in on demand, a whole cached position apart. */
 static void fetch_item(const attn_ctx *t, int w, int b) {
     const hs_model *m = t->m;
-    const hs_config *c = &m->c;
-    while (m->attn_first[b + 1] <= w) b++;
-    const int i0 = m->attn_block[b], spans = attn_spans(t->pos[i0]);
-    const int item = w - m->attn_first[b], kvh = item / spans, p0 = item % spans * ATTN_SPAN;
-    const int len = t->pos[i0] + 1, hd = c->head_dim, kvd = c->n_head_kv * hd;
+    int kvh, span;
+    b = decode_item(t, w, b, &kvh, &span);
+    const int i0 = m->attn_block[b], p0 = span * ATTN_SPAN, len = t->pos[i0] + 1;
     const int count = len - p0 < HS_ATTN_SPAN ? len - p0 : HS_ATTN_SPAN;
-    const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
     for (int j = 0; j < count; j++) {
-        const size_t row = layer_off + slot_of(t, t->seq[i0], p0 + j) * kvd + (size_t)kvh * hd;
-        for (size_t at = 0; at < (size_t)hd * sizeof(hs_fp16); at += 64) {
+        const size_t row = kv_row(t, t->seq[i0], p0 + j, kvh);
+        for (size_t at = 0; at < (size_t)m->c.head_dim * sizeof(hs_fp16); at += 64) {
             __builtin_prefetch((const char *)(m->k_cache + row) + at, 0, 2);
             __builtin_prefetch((const char *)(m->v_cache + row) + at, 0, 2);
         }
@@ -631,8 +652,7 @@ static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *t = p;
     hs_model *m = t->m;
     const hs_config *c = &m->c;
-    const int hd = c->head_dim, kvd = c->n_head_kv * hd, group = c->n_head / c->n_head_kv;
-    const size_t layer_off = (size_t)t->layer * m->n_blocks * m->block_size * kvd;
+    const int hd = c->head_dim, group = c->n_head / c->n_head_kv;
     const float scale = 1.0f / sqrtf((float)hd);
     const hs_fp16 *kp[ATTN_SPAN], *vp[ATTN_SPAN];
     float mx[SPAN_ROWS], sum[SPAN_ROWS];
@@ -649,9 +669,7 @@ static void attn_task(void *p, int ith, int nth) {
             b = w % nb, span = w / nb % smax, kvh = w / nb / smax;
             if (span >= attn_spans(t->pos[m->attn_block[b]])) continue;
         } else {
-            while (m->attn_first[b + 1] <= w) b++;
-            const int item = w - m->attn_first[b], spans = attn_spans(t->pos[m->attn_block[b]]);
-            kvh = item / spans, span = item % spans;
+            b = decode_item(t, w, b, &kvh, &span);
         }
         const int i0 = m->attn_block[b], tokens = m->attn_block[b + 1] - i0;
         const int spans = attn_spans(t->pos[i0]), s0 = t->seq[i0];
@@ -661,7 +679,7 @@ static void attn_task(void *p, int ith, int nth) {
             if (s0 != packed_seq || kvh != packed_kvh || span != packed_span) packed_count = 0;
             if (count > packed_count) {
                 for (int j = packed_count / 32 * 32; j < count; j++) {
-                    const size_t row = layer_off + slot_of(t, s0, p0 + j) * kvd + (size_t)kvh * hd;
+                    const size_t row = kv_row(t, s0, p0 + j, kvh);
                     kp[j] = m->k_cache + row;
                     vp[j] = m->v_cache + row;
                 }
@@ -687,7 +705,7 @@ static void attn_task(void *p, int ith, int nth) {
             continue;
         }
         for (int j = 0; j < count; j++) {
-            const size_t row = layer_off + slot_of(t, s0, p0 + j) * kvd + (size_t)kvh * hd;
+            const size_t row = kv_row(t, s0, p0 + j, kvh);
             kp[j] = m->k_cache + row;
             vp[j] = m->v_cache + row;
         }
@@ -876,7 +894,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
     const hs_config *c = &m->c;
     const int several = grow(m, n) == 0 ? attn_plan(m, n, pos, seq) : -1; /* spans to combine */
     if (several < 0) return -1;
-    const int d = c->n_embd, hd = c->head_dim, kvd = c->n_head_kv * hd, qd = c->n_head * hd;
+    const int d = c->n_embd, hd = c->head_dim, qd = c->n_head * hd;
     const hs_mat *emb = &m->tok_embd;
     char *row = packs(m->k, emb->type) ? m->qa : NULL; /* scratch: qa is rewritten before use */
     const double t_embed = m->profiling ? seconds() : 0.0;
@@ -899,7 +917,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
     if (m->profiling) m->profile[P_EMBED] += seconds() - t_embed;
     for (int l = 0; l < c->n_layer; l++) {
         const hs_layer *L = &m->layers[l];
-        const size_t layer_off = (size_t)l * m->n_blocks * m->block_size * kvd;
+        const size_t layer_off = kv_layer(m, l);
         at.layer = l;
         token_ctx tc = {m, L, L->attn_norm, l > 0, &at, layer_off};
         PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &tc)); /* the previous FFN residual */
