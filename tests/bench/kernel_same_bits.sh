@@ -8,6 +8,8 @@
 #   tests/bench/kernel_same_bits.sh REV [FILE [VARIANT]]
 #     FILE     x86_amx.c (default), x86_avx512.c or x86_avx2.c, under engines/cpu/src
 #     VARIANT  the variant to run (default: amx, avx512vnni or avx2, FILE's)
+#   NEW=path   compare that file against REV's instead of the working tree's FILE
+#   BUILD=dir  build there (kept) instead of a temporary folder (removed)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rev=${1:?usage: $0 REV [FILE [VARIANT]]} file=${2:-x86_amx.c}
@@ -17,9 +19,13 @@ case "$file" in
   x86_avx2.c) variant=${3:-avx2} ;;
   *) echo "FILE '$file': x86_amx.c, x86_avx512.c or x86_avx2.c" >&2; exit 2 ;;
 esac
-S=engines/cpu/src B=$(mktemp -d /tmp/same-bits.XXXXXX)
-trap 'rm -rf "$B"' EXIT
-git show "$rev:$S/$file" > "$B/old_$file" || { echo "no $S/$file at '$rev'" >&2; exit 2; }
+case "$variant" in amx|avx512vnni|avx2) ;; *) echo "VARIANT '$variant': amx, avx512vnni or avx2" >&2; exit 2 ;; esac
+S=engines/cpu/src
+new_src=${NEW:-$S/$file}
+[ -f "$new_src" ] || { echo "NEW '$new_src': no such file" >&2; exit 2; }
+old_text=$(git show "$rev:$S/$file" 2>/dev/null) || { echo "REV '$rev': no $S/$file there" >&2; exit 2; }
+if [ -n "${BUILD:-}" ]; then B=$BUILD; mkdir -p "$B"; else B=$(mktemp -d /tmp/same-bits.XXXXXX); trap 'rm -rf "$B"' EXIT; fi
+printf '%s\n' "$old_text" > "$B/old_$file"
 EMU=()
 if ! grep -qw amx_tile /proc/cpuinfo; then EMU=(-DHS_AMX_EMULATE=1 -Iengines/cpu/tests); fi
 CF=(-O3 -std=gnu11 -I$S "${EMU[@]}")
@@ -34,12 +40,12 @@ for f in x86_avx2.c x86_avx512.c x86_amx.c; do
   gcc "${CF[@]}" $(flags "$f") -c "$S/$f" -o "$B/$f.o"; objs+=("$B/$f.o")
 done
 for side in old new; do
-  src=$S/$file; [ $side = old ] && src=$B/old_$file
+  src=$new_src; [ $side = old ] && src=$B/old_$file
   # shellcheck disable=SC2046
   gcc "${CF[@]}" $(flags "$file") -c "$src" -o "$B/${side}_$file.o"
   gcc "${CF[@]}" tests/bench/kernel_same_bits.c "${objs[@]}" "$B/${side}_$file.o" -lm -lpthread \
     -o "$B/$side"
-  echo -n "$side ($([ $side = old ] && echo "$rev" || echo "working tree")): "
+  echo -n "$side ($([ $side = old ] && echo "$rev" || echo "$new_src")): "
   "$B/$side" "$variant" "$B/$side.bin"
 done
 if cmp -s "$B/old.bin" "$B/new.bin"; then
