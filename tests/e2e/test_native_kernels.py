@@ -209,3 +209,24 @@ def test_the_same_bits_check_passes_an_unchanged_kernel_and_fails_a_changed_one(
                              timeout=600, check=False)
     assert differs.returncode == 1, differs.stderr + differs.stdout
     assert "DIFFERENT: avx2's products" in differs.stderr
+
+
+def test_the_pool_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
+    # tests/bench/pool_run.c (a benchmark, not a timed test): built as its comment says, it
+    # times both tasks on the threads asked for and turns bad arguments away.
+    root = ENGINE.parents[1]
+    binary = tmp_path / "pool_run"
+    subprocess.run(["gcc", "-O2", f"-I{root / 'engines/cpu/src'}",
+                    str(root / "tests/bench/pool_run.c"),
+                    str(root / "engines/cpu/src/threadpool.c"), "-lpthread", "-o", str(binary)],
+                   check=True, timeout=120)
+    result = subprocess.run([str(binary), "2", "2000"], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    lines = re.findall(r"^pool_run (empty|touch) threads=2: (\d+) ns a run \(median of 5 rounds "
+                       r"of 2000; (\d+)-(\d+)\)$", result.stdout, re.MULTILINE)
+    assert [line[0] for line in lines] == ["empty", "touch"], result.stdout
+    assert all(0 < int(lo) <= int(mid) <= int(hi) for _, mid, lo, hi in lines), result.stdout
+    for args in ([], ["0"], ["2", "0"]):
+        bad = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
+        assert bad.returncode == 2 and "usage" in bad.stderr, bad.stderr

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kernels.h"
 #include "model.h"
@@ -457,6 +458,43 @@ static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
     }
 }
 
+/* The pool (threadpool.c): every run reaches every thread once, and what its threads wrote is
+ * seen by the caller when hs_pool_run returns; with the default spin and with none
+ * (HETEROSERVE_POOL_SPIN_US=0: every wait parks on a futex, the caller's and the workers'), and
+ * with one thread in some runs slow enough (0.2-2 ms) that the caller stops spinning and parks.
+ * A lost wake-up hangs the test (the e2e test's timeout fails it). */
+typedef struct {
+    int run, writes[8 * 16];
+} pool_probe;
+
+static void pool_probe_task(void *p, int ith, int nth) {
+    pool_probe *t = p;
+    if (t->run % 7 == 3 && ith == t->run % nth) { /* a slow thread: the caller's spin runs out */
+        struct timespec d = {0, 200000L * (1 + t->run % 10)};
+        nanosleep(&d, NULL);
+    }
+    t->writes[ith * 16] = t->run; /* a line each: what the caller checks after the run */
+}
+
+static void test_pool(void) {
+    for (int spin = 0; spin < 2; spin++) {
+        if (spin == 0) setenv("HETEROSERVE_POOL_SPIN_US", "0", 1);
+        hs_pool *pool = hs_pool_create(8, NULL, 0);
+        unsetenv("HETEROSERVE_POOL_SPIN_US");
+        pool_probe probe;
+        memset(&probe, 0, sizeof probe);
+        int missed = 0;
+        for (int run = 1; run <= 400; run++) {
+            probe.run = run;
+            hs_pool_run(pool, pool_probe_task, &probe);
+            for (int i = 0; i < 8; i++) missed += probe.writes[i * 16] != run;
+        }
+        hs_pool_destroy(pool);
+        check(missed == 0, spin ? "pool: 400 runs on 8 threads, default spin"
+                                : "pool: 400 runs on 8 threads, every wait parked", "reference");
+    }
+}
+
 int main(void) {
     /* 544 columns: 17 blocks, a partial group for the packed x86 layout (and an odd count for
      * amx's int8 tile pipeline); 1, 3, 6, 21 and 40 activation rows: the one-row products, an
@@ -491,6 +529,7 @@ int main(void) {
     for (int j = 0; j < COLS; j++) err = fmaxf(err, fabsf(row[j] - w[j]));
     check(err < 1.0f / 127 + 1e-3f, "q8_0 round trip", "reference");
 
+    test_pool();
     hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
     const hs_kernels *ref = &hs_kernels_ref;
     const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1}, batches[] = {1, 3, 6, 21, N};
