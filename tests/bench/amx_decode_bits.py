@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         counts = [int(n) for n in args.sequences.split(",")]
     except ValueError:
         ap.error(f"--sequences: comma-separated counts, not {args.sequences!r}")
-    if not counts or min(counts) < 1 or args.threads < 1:
-        ap.error("--sequences: counts of 1 or more; --threads: 1 or more")
+    if not counts or min(counts) < 1 or len(set(counts)) != len(counts) or args.threads < 1:
+        ap.error("--sequences: distinct counts of 1 or more; --threads: 1 or more")
     if args.dump:  # in the child, with the baseline's engine
         baseline.use()
         arrays = {}

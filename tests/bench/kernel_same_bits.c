@@ -5,7 +5,8 @@
  * register tiles (mm_*, 1..4 weight rows x 1..mm_cols activation rows) and, where the variant
  * has them, the int8 tiles (wide8_*, the rows they return as done, and that count).
  *
- *     kernel_same_bits VARIANT OUT.bin      (VARIANT: avx2, avx512vnni or amx)
+ *     kernel_same_bits VARIANT OUT.bin      (VARIANT: avx2, avx512vnni or amx, by
+ *                                            kernel_same_bits.sh the file's own)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +32,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: %s avx2|avx512vnni|amx OUT.bin\n", argv[0]);
         return 2;
     }
-    const hs_kernels *k = !strcmp(argv[1], "amx")          ? hs_kernels_amx()
-                          : !strcmp(argv[1], "avx512vnni") ? hs_kernels_avx512()
-                          : !strcmp(argv[1], "avx2")       ? hs_kernels_avx2()
-                                                           : NULL;
-    if (!k) {
+    /* by name, through dispatch.c: where the CPU lacks the variant's ISA it is NULL, and amx
+     * asks the kernel for the tile data (emulated tiles need no permission) */
+    const hs_kernels *k = hs_kernels_by_name(argv[1]);
+    if (!k || !strcmp(argv[1], "reference")) {
         fprintf(stderr, "variant %s: unknown, or not available on this CPU\n", argv[1]);
         return 2;
     }

@@ -1,25 +1,32 @@
 #!/bin/bash
-# Whether a change to an x86 kernel source keeps every bit of its products: builds the file as it
-# is and as it was at REV, each linked with the rest of the working tree's engine sources, runs
-# tests/bench/kernel_same_bits.c with both, and compares the outputs byte for byte (exit 1 on
-# any difference). Where the CPU does not grant AMX the amx variant runs on the kernel test's
-# emulated tiles (engines/cpu/tests/amx_emulate.h), the same integer arithmetic.
+# Whether a change to an x86 kernel source keeps every bit of its quantized products (mm_*, the
+# register tiles, and wide8_*, the int8 tiles: not the bf16 wide path, attention or SwiGLU):
+# builds the file as it is and as it was at REV, each linked with the rest of the working
+# tree's engine sources, runs tests/bench/kernel_same_bits.c with both, and compares the outputs
+# byte for byte (exit 1 on any difference). The variant run is the file's own (x86_amx.c: amx,
+# x86_avx512.c: avx512vnni, x86_avx2.c: avx2; amx includes the working tree's x86_avx512.c,
+# so a change there is checked as avx512vnni). Where the CPU does not grant AMX the amx variant
+# runs on the kernel test's emulated tiles (engines/cpu/tests/amx_emulate.h), the same integer
+# arithmetic.
 #
-#   tests/bench/kernel_same_bits.sh REV [FILE [VARIANT]]
+#   tests/bench/kernel_same_bits.sh REV [FILE]
 #     FILE     x86_amx.c (default), x86_avx512.c or x86_avx2.c, under engines/cpu/src
-#     VARIANT  the variant to run (default: amx, avx512vnni or avx2, FILE's)
 #   NEW=path   compare that file against REV's instead of the working tree's FILE
 #   BUILD=dir  build there (kept) instead of a temporary folder (removed)
 set -euo pipefail
+here=$PWD
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }
+if [ -n "${NEW:-}" ]; then NEW=$(abs "$NEW"); fi
+if [ -n "${BUILD:-}" ]; then BUILD=$(abs "$BUILD"); fi
 cd "$(dirname "$0")/../.."
-rev=${1:?usage: $0 REV [FILE [VARIANT]]} file=${2:-x86_amx.c}
+rev=${1:?usage: $0 REV [FILE]} file=${2:-x86_amx.c}
+[ $# -le 2 ] || { echo "usage: $0 REV [FILE] (the variant is FILE's own)" >&2; exit 2; }
 case "$file" in
-  x86_amx.c) variant=${3:-amx} ;;
-  x86_avx512.c) variant=${3:-avx512vnni} ;;
-  x86_avx2.c) variant=${3:-avx2} ;;
+  x86_amx.c) variant=amx ;;
+  x86_avx512.c) variant=avx512vnni ;;
+  x86_avx2.c) variant=avx2 ;;
   *) echo "FILE '$file': x86_amx.c, x86_avx512.c or x86_avx2.c" >&2; exit 2 ;;
 esac
-case "$variant" in amx|avx512vnni|avx2) ;; *) echo "VARIANT '$variant': amx, avx512vnni or avx2" >&2; exit 2 ;; esac
 S=engines/cpu/src
 new_src=${NEW:-$S/$file}
 [ -f "$new_src" ] || { echo "NEW '$new_src': no such file" >&2; exit 2; }

@@ -44,6 +44,10 @@ int main(int argc, char **argv) {
     int *cpus = malloc(sizeof(int) * (size_t)n);
     for (int i = 0; i < n; i++) cpus[i] = i;
     hs_pool *pool = hs_pool_create(n, cpus, 1);
+    if (!pool) {
+        fprintf(stderr, "%s: could not create a pool of %d threads\n", argv[0], n);
+        return 1;
+    }
     long *lines = aligned_alloc(64, sizeof(long) * 8 * (size_t)n);
     memset(lines, 0, sizeof(long) * 8 * (size_t)n);
     const char *names[2] = {"empty", "touch"};

@@ -28,8 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--tokenizer", metavar="JSON", help="as the benchmark's --tokenizer")
     args = ap.parse_args(argv)
-    if args.pairs < 1:
-        ap.error("--pairs must be 1 or more")
+    if args.pairs < 1 or args.threads < 1:
+        ap.error("--pairs and --threads must be 1 or more")
+    if args.model.count(":") != 1:
+        ap.error(f"--model: SHAPE:KIND (e.g. 1.1b:q4_0), not {args.model!r}")
     label, path = model_path(args.model, args.tokenizer)
     env, policy = bench_env()
     cmd = [sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp", "--worker", "--model",

@@ -54,7 +54,7 @@ struct hs_pool {
     void *ctx;
     /* Written by the workers, read by the caller: the futex word the caller parks on. */
     _Alignas(64) atomic_uint wakes;      /* bumped by a worker that finds the caller parked */
-    atomic_int caller_parked;            /* the caller is parked (or about to) on `wakes` */
+    atomic_int caller_parked;            /* the worker the parked caller waits for (0: none) */
     struct done_line *done;              /* [n]: the generation each worker last finished */
 };
 
@@ -106,24 +106,24 @@ static unsigned spin_while_equal(atomic_uint *word, unsigned value, long long sp
     }
 }
 
-/* Whether every worker has finished generation gen, spinning at most spin_ns for those that
- * have not (each worker's line read once it is the first one left). */
-static int all_done(hs_pool *pool, unsigned gen, long long spin_ns) {
-    int i = 1;
+/* The first worker from `from` on that has not finished generation gen (pool->n: none),
+ * spinning at most spin_ns for it and those after it (each worker's line read once it is the
+ * first one left). */
+static int first_busy(hs_pool *pool, int from, unsigned gen, long long spin_ns) {
+    int i = from;
     long long until = -1;
     for (;;) {
         while (i < pool->n &&
                atomic_load_explicit(&pool->done[i].generation, memory_order_acquire) == gen)
             i++;
-        if (i == pool->n) return 1;
-        if (spin_ns <= 0) return 0;
+        if (i == pool->n || spin_ns <= 0) return i;
         if (until < 0) until = now_ns() + spin_ns;
         int k = 0;
         for (; k < 16; k++) {
             CPU_RELAX();
             if (atomic_load_explicit(&pool->done[i].generation, memory_order_acquire) == gen) break;
         }
-        if (k == 16 && now_ns() >= until) return 0; /* (the clock only after 16 pauses) */
+        if (k == 16 && now_ns() >= until) return i; /* (the clock only after 16 pauses) */
     }
 }
 
@@ -145,10 +145,12 @@ static void *worker(void *p) {
         seen = gen;
         if (atomic_load_explicit(&pool->stop, memory_order_acquire)) return NULL;
         pool->task(pool->ctx, arg.ith, pool->n);
-        /* Done, then wake the caller if it parked (the same announce/re-check pairing: it sets
-         * caller_parked before it reads `wakes` and checks the lines again). */
+        /* Done, then wake the caller if it parked waiting for this worker (the same
+         * announce/re-check pairing: it names the worker in caller_parked before it reads
+         * `wakes` and that worker's line again; all seq_cst, so either it sees the line or the
+         * worker sees its name). One wake-up a parked wait, not one a worker. */
         atomic_store(&pool->done[arg.ith].generation, gen);
-        if (atomic_load(&pool->caller_parked)) {
+        if (atomic_load(&pool->caller_parked) == arg.ith) {
             atomic_fetch_add(&pool->wakes, 1);
             futex_wake(&pool->wakes, 1);
         }
@@ -207,15 +209,16 @@ void hs_pool_run(hs_pool *pool, hs_task task, void *ctx) {
     const unsigned gen = atomic_fetch_add(&pool->generation, 1) + 1;
     if (atomic_load(&pool->sleepers) > 0) futex_wake(&pool->generation, INT_MAX);
     task(ctx, 0, pool->n);
-    if (!all_done(pool, gen, pool->spin_ns)) {
-        atomic_store(&pool->caller_parked, 1); /* then re-check, as the workers do */
-        for (;;) {
-            const unsigned wakes = atomic_load(&pool->wakes);
-            if (all_done(pool, gen, 0)) break;
-            futex_wait(&pool->wakes, (int)wakes);
-        }
-        atomic_store(&pool->caller_parked, 0);
+    int busy = first_busy(pool, 1, gen, pool->spin_ns);
+    if (busy == pool->n) return;
+    for (;;) { /* parked, one worker at a time: named, then its line checked again */
+        atomic_store(&pool->caller_parked, busy);
+        const unsigned wakes = atomic_load(&pool->wakes);
+        if (atomic_load(&pool->done[busy].generation) != gen) futex_wait(&pool->wakes, (int)wakes);
+        busy = first_busy(pool, busy, gen, 0);
+        if (busy == pool->n) break;
     }
+    atomic_store(&pool->caller_parked, 0);
 }
 
 int hs_pool_size(const hs_pool *pool) { return pool->n; }

@@ -462,7 +462,8 @@ static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
  * seen by the caller when hs_pool_run returns; with the default spin and with none
  * (HETEROSERVE_POOL_SPIN_US=0: every wait parks on a futex, the caller's and the workers'), and
  * with one thread in some runs slow enough (0.2-2 ms) that the caller stops spinning and parks.
- * A lost wake-up hangs the test (the e2e test's timeout fails it). */
+ * A lost wake-up hangs the test (the e2e test's timeout fails it); a worker that says it is
+ * done before its task ran fails the check or crashes it. */
 typedef struct {
     int run, writes[8 * 16];
 } pool_probe;
@@ -477,10 +478,14 @@ static void pool_probe_task(void *p, int ith, int nth) {
 }
 
 static void test_pool(void) {
+    const char *set = getenv("HETEROSERVE_POOL_SPIN_US");
+    char *user = set ? strdup(set) : NULL; /* the caller's setting, put back after */
     for (int spin = 0; spin < 2; spin++) {
         if (spin == 0) setenv("HETEROSERVE_POOL_SPIN_US", "0", 1);
+        else unsetenv("HETEROSERVE_POOL_SPIN_US");
         hs_pool *pool = hs_pool_create(8, NULL, 0);
-        unsetenv("HETEROSERVE_POOL_SPIN_US");
+        check(pool != NULL, "pool: 8 threads created", "reference");
+        if (!pool) continue;
         pool_probe probe;
         memset(&probe, 0, sizeof probe);
         int missed = 0;
@@ -493,6 +498,9 @@ static void test_pool(void) {
         check(missed == 0, spin ? "pool: 400 runs on 8 threads, default spin"
                                 : "pool: 400 runs on 8 threads, every wait parked", "reference");
     }
+    if (user) setenv("HETEROSERVE_POOL_SPIN_US", user, 1);
+    else unsetenv("HETEROSERVE_POOL_SPIN_US");
+    free(user);
 }
 
 int main(void) {
