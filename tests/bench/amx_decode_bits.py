@@ -8,8 +8,8 @@ must be identical, from it they differ (the tile unit's products).
 `--baseline REV` (a commit, or a folder holding a copy of engines/cpu, as in cpu_engine_profile)
 adds a column: the working tree's amx against REV's amx on the same steps, run in a child process
 with that engine (tests/bench/baseline.py). A change that should keep every bit of the model's
-steps (the int8 tiles' activations converted once a product instead of per call) must read
-"identical" in every row. Exit status 1 where it does not.
+decode steps (a refactor of model.c, a kernel's new instruction order) must read "identical" in
+every row. Exit status 1 where it does not.
 
     python3 -m tests.bench.amx_decode_bits [--tokenizer JSON] [--sequences 3,8,15,16,20,23,24]
         [--baseline REV] [--threads N]

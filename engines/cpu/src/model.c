@@ -519,7 +519,8 @@ static void rope(float *v, int n_heads, int head_dim, const float *cosv, const f
 
 typedef struct {
     hs_model *m;
-    int layer, n;
+    size_t layer_off; /* where this layer's rows begin in k_cache and v_cache (kv_layer) */
+    int n;
     const int32_t *pos, *seq, *block_tables;
     int max_blocks;
 } attn_ctx;
@@ -534,7 +535,7 @@ static inline size_t slot_of(const attn_ctx *t, int s, int p) {
 static inline size_t kv_row(const attn_ctx *t, int s, int p, int kvh) {
     const hs_model *m = t->m;
     const size_t hd = (size_t)m->c.head_dim, kvd = m->c.n_head_kv * hd;
-    return kv_layer(m, t->layer) + slot_of(t, s, p) * kvd + kvh * hd;
+    return t->layer_off + slot_of(t, s, p) * kvd + kvh * hd;
 }
 
 /* The attention of a step is split into items: one KV head of a block of tokens over one span
@@ -807,8 +808,7 @@ typedef struct {
     const hs_layer *L;
     const float *norm;     /* residual_norm: RMSNorm weight, or NULL for the add alone */
     int add;               /* residual_norm: x += xb first */
-    const attn_ctx *at;    /* qkv_post */
-    size_t layer_off;
+    const attn_ctx *at;    /* qkv_post: the positions, slots and layer of the K/V rows */
 } token_ctx;
 
 /* x += xb (the sublayer's output), then xb = RMSNorm(x) for the next sublayer's input. */
@@ -847,8 +847,8 @@ static void qkv_post_task(void *p, int ith, int nth) {
         rope(q, c->n_head, hd, cv, sv, c->rope_neox);
         rope(k, c->n_head_kv, hd, cv, sv, c->rope_neox);
         const size_t slot = slot_of(t->at, t->at->seq[i], t->at->pos[i]);
-        m->k->to_f16(kvd, k, m->k_cache + t->layer_off + slot * kvd);
-        m->k->to_f16(kvd, v, m->v_cache + t->layer_off + slot * kvd);
+        m->k->to_f16(kvd, k, m->k_cache + t->at->layer_off + slot * kvd);
+        m->k->to_f16(kvd, v, m->v_cache + t->at->layer_off + slot * kvd);
     }
 }
 
@@ -917,9 +917,8 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
     if (m->profiling) m->profile[P_EMBED] += seconds() - t_embed;
     for (int l = 0; l < c->n_layer; l++) {
         const hs_layer *L = &m->layers[l];
-        const size_t layer_off = kv_layer(m, l);
-        at.layer = l;
-        token_ctx tc = {m, L, L->attn_norm, l > 0, &at, layer_off};
+        at.layer_off = kv_layer(m, l);
+        token_ctx tc = {m, L, L->attn_norm, l > 0, &at};
         PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &tc)); /* the previous FFN residual */
         PHASE(P_QKV, matmul3(m, n, m->xb, d, 1, &L->wq, m->q, &L->wk, m->kv_k, &L->wv, m->kv_v));
         PHASE(P_ROPE_KV, run_tokens(m, n, qkv_post_task, &tc));
@@ -935,7 +934,7 @@ static int forward_step(hs_model *m, int n, const int32_t *tokens, const int32_t
         PHASE(P_SWIGLU, swiglu(m, n));
         PHASE(P_DOWN, matmul3(m, n, m->gate, c->n_ff, 1, &L->w_down, m->xb, NULL, NULL, NULL, NULL));
     }
-    token_ctx last = {m, NULL, NULL, 1, &at, 0};
+    token_ctx last = {m, NULL, NULL, 1, &at};
     PHASE(P_NORM, run_tokens(m, n, residual_norm_task, &last));
     const hs_mat *out = m->output.data ? &m->output : &m->tok_embd;
     PHASE(P_LOGITS, {

@@ -53,7 +53,7 @@ struct hs_pool {
     hs_task task;
     void *ctx;
     /* Written by the workers, read by the caller: the futex word the caller parks on. */
-    _Alignas(64) atomic_uint wakes;      /* bumped by a worker that finds the caller parked */
+    _Alignas(64) atomic_uint wakes;      /* bumped by the worker the parked caller waits for */
     atomic_int caller_parked;            /* the worker the parked caller waits for (0: none) */
     struct done_line *done;              /* [n]: the generation each worker last finished */
 };
