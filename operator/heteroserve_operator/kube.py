@@ -50,6 +50,8 @@ CHILD_KINDS = (
 KINDS = {(k.api_version, k.kind): k for k in CHILD_KINDS}
 # Created once and never read (the operator may create Secrets, not get, list or watch them).
 SECRET = Kind("v1", "Secret", "secrets")
+# Listed, and annotated, only to release a rollout the controller-manager holds (rollout.py).
+REPLICA_SET = Kind("apps/v1", "ReplicaSet", "replicasets")
 INFERENCE_DEPLOYMENT = Kind(f"{GROUP}/{VERSION}", KIND, PLURAL)
 
 
@@ -208,6 +210,23 @@ class KubeApi:
         return self._read("Pod", f"/api/v1/namespaces/{namespace}/pods",
                           query=[("labelSelector", label_selector), ("resourceVersion", "0")]
                           ).get("items", [])
+
+    def replica_sets(self, namespace: str, match_labels: dict[str, str]) -> list[dict[str, Any]]:
+        """The ReplicaSets a Deployment's selector (`match_labels`) matches."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+        return self._read(REPLICA_SET.kind, REPLICA_SET.collection(namespace),
+                          query=[("labelSelector", selector), ("resourceVersion", "0")]
+                          ).get("items", [])
+
+    def annotate(self, kind: Kind, namespace: str, name: str, resource_version: str,
+                 annotations: dict[str, str]) -> dict[str, Any]:
+        """Sets `annotations` on an object if it is still at `resource_version` (a merge patch
+        that carries the resourceVersion is conditional: HTTP 409 when it moved on)."""
+        return self._write("annotate", kind.kind, "PATCH",
+                           f"{kind.collection(namespace)}/{quote(name)}",
+                           body={"metadata": {"resourceVersion": resource_version,
+                                              "annotations": annotations}},
+                           content_type="application/merge-patch+json")
 
     def endpoint_slices(self, namespace: str, service: str) -> list[dict[str, Any]]:
         return self._read(

@@ -46,12 +46,13 @@ from pydantic import ValidationError
 from .api.models import KIND, InferenceDeploymentSpec
 from .api.quantity import same_quantity
 from .informer import ChildCaches, Store, without_managed_fields
-from .kube import KINDS, SECRET, ApiError, Kind, KubeApi
+from .kube import KINDS, REPLICA_SET, SECRET, ApiError, Kind, KubeApi
 from .numa import NumaPlanError
 from .render import kv_token
 from .render.children import Rendered, possible_children, render
 from .render.facts import ClusterFacts, NodeFacts, topology_from_labels, topology_from_nrt
 from .render.meta import LABEL_COMPONENT, LABEL_OWNER, SPEC_HASH, Owner
+from .rollout import DESIRED_REPLICAS, held_rollout, may_be_held
 from .status import Observed, compute_status, transitions
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,11 @@ class Reconciler:
         self.reconciles = Counter("heteroserve_operator_reconciles",
                                   "Reconciles of InferenceDeployments", ["result"],
                                   registry=registry)
+        self.rollouts_released = Counter(
+            "heteroserve_operator_rollouts_released",
+            "Deployment rollouts that kube-controller-manager held (a stale desired-replicas "
+            "annotation, kubernetes/kubernetes#102551) released by the operator",
+            ["component"], registry=registry)
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         # (kind, namespace, name) -> the resourceVersion this operator's last write produced, so
         # that the watch event echoing that write triggers no reconcile (nothing changed that
@@ -286,6 +292,8 @@ class Reconciler:
                 applied += more
         except ApiError as error:
             return self._fail(body, previous, generation, now, "ApplyFailed", str(error))
+        if not first:
+            self._release_held_rollouts(body, deployments)
         if first:
             # Deployments this reconcile created: no controller has acted on them yet, so
             # there are no pods or endpoints to list.
@@ -406,6 +414,38 @@ class Reconciler:
             log.info("%s/%s: applied %s, pruned %s", owner.namespace, owner.name, applied,
                      pruned)
         return applied, pruned, deployments
+
+    def _release_held_rollouts(self, body: dict[str, Any], deployments: list[dict[str, Any]]
+                               ) -> None:
+        """Releases a tier's rollout that the controller-manager holds for good (rollout.py).
+        The ReplicaSets are listed only for a Deployment whose own status allows it, so a
+        Deployment that has rolled out costs no read. Best effort: a failed read or write is
+        logged, and the next reconcile tries again."""
+        meta = body["metadata"]
+        for deployment in deployments:
+            if not may_be_held(deployment):
+                continue
+            name = deployment["metadata"]["name"]
+            try:
+                held = held_rollout(deployment, self.kube.replica_sets(
+                    meta["namespace"], deployment["spec"]["selector"].get("matchLabels") or {}))
+                if held is None:
+                    continue
+                self.kube.annotate(REPLICA_SET, meta["namespace"], held.replica_set,
+                                   held.resource_version, held.annotations)
+            except (ApiError, ValueError) as error:
+                if not (isinstance(error, ApiError) and error.status in (404, 409)):
+                    log.warning("%s/%s: could not check or release the rollout of Deployment "
+                                "%s: %s", meta["namespace"], meta["name"], name, error)
+                continue   # 404/409: the ReplicaSet went or changed; the controller is acting
+            component = (deployment["metadata"].get("labels") or {}).get(LABEL_COMPONENT, "")
+            self.rollouts_released.labels(component).inc()
+            message = (f"Deployment {name}: kube-controller-manager held its rollout (ReplicaSet "
+                       f"{held.replica_set} annotated desired-replicas {held.stale_desired}, the "
+                       f"Deployment wants {held.annotations[DESIRED_REPLICAS]}: "
+                       f"kubernetes/kubernetes#102551); released by updating the annotation")
+            log.warning("%s/%s: %s", meta["namespace"], meta["name"], message)
+            self.kube.event(body, "Normal", "RolloutReleased", message)
 
     def _offer(self, kind_name: str, written: dict[str, Any]) -> None:
         if self.caches is not None:

@@ -281,19 +281,6 @@ class ControlPlane:
             timeout=120)
         return time.monotonic() - started
 
-    def restart_controllers(self) -> float:
-        """Restarts kube-controller-manager and kube-scheduler (SIGTERM, the same arguments) and
-        returns when both answer /healthz: their informers start from a fresh list. After five
-        apiserver restarts a CI run's controller-manager left a Deployment's rollout undone for
-        over 5 minutes (its replicaset controller: "read version ... is not as new as written
-        version"), a state of the upstream controllers that later tests should not inherit.
-        Returns the seconds it took."""
-        started = time.monotonic()
-        for name in ("kube-controller-manager", "kube-scheduler"):
-            self._respawn(name, signal.SIGTERM, 0.0)
-        self._wait_controllers_healthy()
-        return time.monotonic() - started
-
     def _wait_controllers_healthy(self) -> None:
         """Returns when kube-controller-manager and kube-scheduler both answer /healthz."""
         for name, port in (("kube-controller-manager", self.ports["controller-manager"]),

@@ -60,6 +60,8 @@ def test_rbac_is_least_privilege(cluster, installed_chart):
     assert can("create", "deployments.apps") and can("delete", "configmaps")
     assert can("list", "noderesourcetopologies.topology.node.k8s.io")
     assert not can("get", "secrets")
+    assert can("patch", "replicasets.apps")  # only to release a held rollout (rollout.py)
+    assert not can("create", "replicasets.apps") and not can("delete", "replicasets.apps")
     assert not can("create", "pods", "--subresource=exec")
     assert not can("patch", "inferencedeployments.heteroserve.io")  # only its status
     assert not can("delete", "nodes")

@@ -1,0 +1,103 @@
+"""Which Deployments kube-controller-manager holds in its scaling step, and the annotations that
+release them (rollout.py). The state is the one a CI run's decode tier was left in, read back
+from that run's etcd: the old ReplicaSet alone has pods, at the Deployment's count, annotated
+with the count from before the change."""
+
+from __future__ import annotations
+
+import pytest
+
+from heteroserve_operator.rollout import (
+    DESIRED_REPLICAS,
+    MAX_REPLICAS,
+    held_rollout,
+    may_be_held,
+    resolve_surge,
+)
+
+UID = "d-uid"
+
+
+def deployment(replicas: int = 1, updated: int = 0, generation: int = 8, observed: int = 8,
+               max_surge: int | str | None = 0, paused: bool = False,
+               strategy: str = "RollingUpdate") -> dict:
+    spec = {"replicas": replicas, "selector": {"matchLabels": {"app": "x"}},
+            "strategy": {"type": strategy}}
+    if strategy == "RollingUpdate" and max_surge is not None:
+        spec["strategy"]["rollingUpdate"] = {"maxSurge": max_surge, "maxUnavailable": 1}
+    if paused:
+        spec["paused"] = True
+    return {"metadata": {"name": "pd-decode", "uid": UID, "generation": generation},
+            "spec": spec,
+            "status": {"observedGeneration": observed, "replicas": replicas,
+                       "updatedReplicas": updated, "availableReplicas": replicas}}
+
+
+def replica_set(name: str, replicas: int, desired: str | None, owner: str = UID,
+                controller: bool = True) -> dict:
+    annotations = {"deployment.kubernetes.io/revision": "1"}
+    if desired is not None:
+        annotations[DESIRED_REPLICAS] = desired
+        annotations[MAX_REPLICAS] = desired
+    return {"metadata": {"name": name, "resourceVersion": "9476", "annotations": annotations,
+                         "ownerReferences": [{"uid": owner, "controller": controller}]},
+            "spec": {"replicas": replicas}}
+
+
+HELD = [replica_set("pd-decode-5cc7c95c98", 1, "2"), replica_set("pd-decode-68bd48b86f", 0, "2")]
+
+
+def test_the_ci_runs_decode_tier_is_held_and_released_by_its_annotations():
+    held = held_rollout(deployment(), HELD)
+    assert held is not None
+    assert held.replica_set == "pd-decode-5cc7c95c98" and held.resource_version == "9476"
+    assert held.stale_desired == "2"
+    assert held.annotations == {DESIRED_REPLICAS: "1", MAX_REPLICAS: "1"}
+
+
+@pytest.mark.parametrize("change", [
+    {"updated": 1},                      # rolled out
+    {"observed": 7},                     # the controller has not seen this spec yet
+    {"paused": True},                    # a paused Deployment does not roll out
+    {"strategy": "Recreate"},            # not a rolling update
+])
+def test_a_deployment_whose_own_status_rules_it_out_costs_no_list(change):
+    assert not may_be_held(deployment(**change))
+    assert held_rollout(deployment(**change), HELD) is None
+
+
+@pytest.mark.parametrize("replica_sets", [
+    [replica_set("a", 1, "1"), replica_set("b", 0, "1")],       # the annotation is current
+    [replica_set("a", 1, "2"), replica_set("b", 1, "2")],       # two with pods: proportional
+    [replica_set("a", 2, "2"), replica_set("b", 0, "2")],       # counts differ: it scales
+    [replica_set("a", 1, None)],                                # no annotation: no scaling
+    [replica_set("a", 1, "two")],                               # not a number: ignored
+    [replica_set("a", 1, "2", owner="other")],                  # not this Deployment's
+    [replica_set("a", 1, "2", controller=False)],               # not its controller
+    [],
+])
+def test_states_the_controller_gets_out_of_by_itself_are_left_alone(replica_sets):
+    assert may_be_held(deployment())
+    assert held_rollout(deployment(), replica_sets) is None
+
+
+def test_max_replicas_counts_the_surge_as_the_controller_does():
+    held = held_rollout(deployment(replicas=3, max_surge="25%"),
+                        [replica_set("a", 3, "4"), replica_set("b", 0, "4")])
+    assert held is not None and held.annotations == {DESIRED_REPLICAS: "3", MAX_REPLICAS: "4"}
+    held = held_rollout(deployment(replicas=2, max_surge=None),   # the default, 25 %
+                        [replica_set("a", 2, "1")])
+    assert held is not None and held.annotations[MAX_REPLICAS] == "3"
+
+
+@pytest.mark.parametrize(("value", "replicas", "pods"), [
+    (0, 5, 0), (2, 5, 2), ("25%", 4, 1), ("25%", 5, 2), ("100%", 3, 3), ("0%", 3, 0),
+    (None, 8, 2)])
+def test_surge_resolves_like_the_controller(value, replicas, pods):
+    assert resolve_surge(value, replicas) == pods
+
+
+@pytest.mark.parametrize("value", ["1.5", "%", "a%", "-5%"])
+def test_a_surge_that_is_no_count_or_percentage_is_refused(value):
+    with pytest.raises(ValueError, match="neither a count nor a percentage"):
+        resolve_surge(value, 3)
