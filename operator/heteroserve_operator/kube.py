@@ -192,13 +192,15 @@ class KubeApi:
             if error.status != 404:
                 raise
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(self, kind: Kind, namespace: str, name: str, consistent: bool = False
+            ) -> dict[str, Any] | None:
         """One child by name, from the apiserver's watch cache (resourceVersion=0): O(1) and no
         etcd read. A read that lags the operator's own apply only causes an idempotent
-        re-apply; an idle cluster's cache is current, so idleness stays write-free."""
+        re-apply; an idle cluster's cache is current, so idleness stays write-free.
+        `consistent`: the latest version instead (a read from etcd)."""
         try:
             return self._read(kind.kind, f"{kind.collection(namespace)}/{quote(name)}",
-                              query=[("resourceVersion", "0")])
+                              query=None if consistent else [("resourceVersion", "0")])
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -211,12 +213,16 @@ class KubeApi:
                           query=[("labelSelector", label_selector), ("resourceVersion", "0")]
                           ).get("items", [])
 
-    def replica_sets(self, namespace: str, match_labels: dict[str, str]) -> list[dict[str, Any]]:
-        """The ReplicaSets a Deployment's selector (`match_labels`) matches."""
+    def replica_sets(self, namespace: str, match_labels: dict[str, str],
+                     consistent: bool = False) -> list[dict[str, Any]]:
+        """The ReplicaSets a Deployment's selector (`match_labels`) matches, from the
+        apiserver's watch cache; `consistent`: as they are now (a read from etcd)."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(match_labels.items()))
+        query = [("labelSelector", selector)]
+        if not consistent:
+            query.append(("resourceVersion", "0"))
         return self._read(REPLICA_SET.kind, REPLICA_SET.collection(namespace),
-                          query=[("labelSelector", selector), ("resourceVersion", "0")]
-                          ).get("items", [])
+                          query=query).get("items", [])
 
     def annotate(self, kind: Kind, namespace: str, name: str, resource_version: str,
                  annotations: dict[str, str]) -> dict[str, Any]:

@@ -57,6 +57,8 @@ from .status import Observed, compute_status, transitions
 
 log = logging.getLogger(__name__)
 
+DEPLOYMENT = KINDS[("apps/v1", "Deployment")]
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -150,6 +152,8 @@ class Reconciler:
             "Deployment rollouts that kube-controller-manager held (a stale desired-replicas "
             "annotation, kubernetes/kubernetes#102551) released by the operator",
             ["component"], registry=registry)
+        # (namespace, Deployment, failure) already logged by _warn_once.
+        self._release_failures: set[tuple[str, str, str]] = set()
         self._locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
         # (kind, namespace, name) -> the resourceVersion this operator's last write produced, so
         # that the watch event echoing that write triggers no reconcile (nothing changed that
@@ -419,33 +423,54 @@ class Reconciler:
                                ) -> None:
         """Releases a tier's rollout that the controller-manager holds for good (rollout.py).
         The ReplicaSets are listed only for a Deployment whose own status allows it, so a
-        Deployment that has rolled out costs no read. Best effort: a failed read or write is
-        logged, and the next reconcile tries again."""
-        meta = body["metadata"]
+        Deployment that has rolled out costs no read. A hold is confirmed on fresh reads of the
+        Deployment and its ReplicaSets before the write: the Deployment may come from the watch
+        cache, and a count from before a `kubectl scale` must not be written. Best effort: a
+        failed read or write is logged (once per Deployment and kind of failure) and the next
+        reconcile tries again; the reconcile goes on."""
+        namespace = body["metadata"]["namespace"]
         for deployment in deployments:
             if not may_be_held(deployment):
                 continue
             name = deployment["metadata"]["name"]
             try:
                 held = held_rollout(deployment, self.kube.replica_sets(
-                    meta["namespace"], deployment["spec"]["selector"].get("matchLabels") or {}))
-                if held is None:
+                    namespace, deployment["spec"]["selector"].get("matchLabels") or {}))
+                if held is not None:
+                    fresh = self.kube.get(DEPLOYMENT, namespace, name, consistent=True)
+                    held = fresh and held_rollout(fresh, self.kube.replica_sets(
+                        namespace, fresh["spec"]["selector"].get("matchLabels") or {},
+                        consistent=True))
+                if not held:
                     continue
-                self.kube.annotate(REPLICA_SET, meta["namespace"], held.replica_set,
+                self.kube.annotate(REPLICA_SET, namespace, held.replica_set,
                                    held.resource_version, held.annotations)
-            except (ApiError, ValueError) as error:
-                if not (isinstance(error, ApiError) and error.status in (404, 409)):
-                    log.warning("%s/%s: could not check or release the rollout of Deployment "
-                                "%s: %s", meta["namespace"], meta["name"], name, error)
-                continue   # 404/409: the ReplicaSet went or changed; the controller is acting
+            except ApiError as error:
+                # 404/409: the ReplicaSet went or changed; the controller is acting.
+                if error.status not in (404, 409):
+                    self._warn_once(body, name, f"HTTP {error.status}", error)
+                continue
+            except Exception as error:   # best effort, see above
+                self._warn_once(body, name, type(error).__name__, error)
+                continue
             component = (deployment["metadata"].get("labels") or {}).get(LABEL_COMPONENT, "")
             self.rollouts_released.labels(component).inc()
             message = (f"Deployment {name}: kube-controller-manager held its rollout (ReplicaSet "
                        f"{held.replica_set} annotated desired-replicas {held.stale_desired}, the "
                        f"Deployment wants {held.annotations[DESIRED_REPLICAS]}: "
                        f"kubernetes/kubernetes#102551); released by updating the annotation")
-            log.warning("%s/%s: %s", meta["namespace"], meta["name"], message)
+            log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
             self.kube.event(body, "Normal", "RolloutReleased", message)
+
+    def _warn_once(self, body: dict[str, Any], deployment: str, failure: str,
+                   error: Exception) -> None:
+        """A failed check or release of a held rollout, logged the first time it happens to
+        that Deployment (an old chart's RBAC without ReplicaSets would log at every rollout)."""
+        key = (body["metadata"]["namespace"], deployment, failure)
+        if key not in self._release_failures:
+            self._release_failures.add(key)
+            log.warning("%s/%s: could not check or release the rollout of Deployment %s "
+                        "(logged once): %s", key[0], body["metadata"]["name"], deployment, error)
 
     def _offer(self, kind_name: str, written: dict[str, Any]) -> None:
         if self.caches is not None:

@@ -26,12 +26,14 @@ of the ReplicaSet changes, and the write is conditional on the resourceVersion r
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"
 MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"
 DEFAULT_MAX_SURGE = "25%"   # the apiserver's default for a RollingUpdate Deployment
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,15 @@ def _replicas(obj: dict[str, Any]) -> int:
     """spec.replicas; the apiserver defaults it to 1."""
     value = (obj.get("spec") or {}).get("replicas")
     return 1 if value is None else int(value)
+
+
+def desired_annotation(replica_set: dict[str, Any]) -> int | None:
+    """The desired-replicas annotation as the controller reads it (strconv.ParseUint, base 10,
+    at most int32's maximum); None where it ignores it: absent, or not such a number."""
+    value = (replica_set["metadata"].get("annotations") or {}).get(DESIRED_REPLICAS)
+    if value is None or not re.fullmatch(r"[0-9]+", value) or int(value) > INT32_MAX:
+        return None
+    return int(value)
 
 
 def resolve_surge(value: int | str | None, replicas: int) -> int:
@@ -97,14 +108,18 @@ def held_rollout(deployment: dict[str, Any], replica_sets: list[dict[str, Any]]
     if len(active) != 1 or _replicas(active[0]) != replicas:
         return None
     (rs,) = active
-    desired = (rs["metadata"].get("annotations") or {}).get(DESIRED_REPLICAS)
-    # The controller ignores an annotation that is absent or not a number.
-    if desired is None or not desired.strip().lstrip("-").isdigit() or int(desired) == replicas:
+    desired = desired_annotation(rs)
+    if desired is None or desired == replicas:
+        return None
+    # Its pods are not of the current template (fewer pods have it than this ReplicaSet has):
+    # else it is the new ReplicaSet, whose pods are being created, and nothing is held.
+    updated = int((deployment.get("status") or {}).get("updatedReplicas") or 0)
+    if int((rs.get("status") or {}).get("replicas") or 0) <= updated:
         return None
     rolling = (deployment["spec"].get("strategy") or {}).get("rollingUpdate") or {}
     surge = resolve_surge(rolling.get("maxSurge"), replicas)
     return HeldRollout(
         replica_set=rs["metadata"]["name"],
         resource_version=rs["metadata"]["resourceVersion"],
-        stale_desired=desired,
+        stale_desired=str(desired),
         annotations={DESIRED_REPLICAS: str(replicas), MAX_REPLICAS: str(replicas + surge)})

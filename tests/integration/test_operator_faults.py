@@ -368,6 +368,7 @@ def test_a_rollout_the_controller_manager_holds_is_released(cluster, own_operato
     annotations = get_json(cluster, "replicaset", old["metadata"]["name"], "-n", namespace
                            )["metadata"]["annotations"]
     assert annotations["deployment.kubernetes.io/desired-replicas"] == "1"
+    assert annotations["deployment.kubernetes.io/max-replicas"] == "1"   # maxSurge 0
     (pod,) = [p for p in get_json(cluster, "pods", "-n", namespace, "-l",
                                   "app.kubernetes.io/component=decode")["items"]
               if not p["metadata"].get("deletionTimestamp")]
