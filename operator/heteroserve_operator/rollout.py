@@ -78,15 +78,17 @@ def resolve_surge(value: int | str | None, replicas: int) -> int:
 def may_be_held(deployment: dict[str, Any]) -> bool:
     """What the Deployment alone says, before its ReplicaSets are listed: a rolling update,
     not paused, whose current spec the controller has seen (observedGeneration), with fewer
-    pods of the current template than wanted. A rollout under way looks the same for a moment;
-    held_rollout() tells them apart."""
+    pods of the current template than wanted and pods of an older one. A rollout under way
+    looks the same for a moment; held_rollout() tells them apart. A new Deployment (no pods
+    yet, or all of its template) costs no list."""
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     strategy = (spec.get("strategy") or {}).get("type", "RollingUpdate")
     generation = (deployment.get("metadata") or {}).get("generation")
+    updated = int(status.get("updatedReplicas") or 0)
     return (strategy == "RollingUpdate" and not spec.get("paused")
             and generation is not None and status.get("observedGeneration") == generation
-            and int(status.get("updatedReplicas") or 0) < _replicas(deployment))
+            and updated < _replicas(deployment) and int(status.get("replicas") or 0) > updated)
 
 
 def held_rollout(deployment: dict[str, Any], replica_sets: list[dict[str, Any]]

@@ -21,7 +21,7 @@ UID = "d-uid"
 
 def deployment(replicas: int = 1, updated: int = 0, generation: int = 8, observed: int = 8,
                max_surge: int | str | None = 0, paused: bool = False,
-               strategy: str = "RollingUpdate") -> dict:
+               strategy: str = "RollingUpdate", pods: int | None = None) -> dict:
     spec = {"replicas": replicas, "selector": {"matchLabels": {"app": "x"}},
             "strategy": {"type": strategy}}
     if strategy == "RollingUpdate" and max_surge is not None:
@@ -30,7 +30,8 @@ def deployment(replicas: int = 1, updated: int = 0, generation: int = 8, observe
         spec["paused"] = True
     return {"metadata": {"name": "pd-decode", "uid": UID, "generation": generation},
             "spec": spec,
-            "status": {"observedGeneration": observed, "replicas": replicas,
+            "status": {"observedGeneration": observed,
+                       "replicas": replicas if pods is None else pods,
                        "updatedReplicas": updated, "availableReplicas": replicas}}
 
 
@@ -62,6 +63,7 @@ def test_the_ci_runs_decode_tier_is_held_and_released_by_its_annotations():
     {"observed": 7},                     # the controller has not seen this spec yet
     {"paused": True},                    # a paused Deployment does not roll out
     {"strategy": "Recreate"},            # not a rolling update
+    {"pods": 0},                         # new: no pods yet (what a thousand new ones look like)
 ])
 def test_a_deployment_whose_own_status_rules_it_out_costs_no_list(change):
     assert not may_be_held(deployment(**change))
