@@ -92,7 +92,13 @@ def test_operator_with_the_chart_rbac_serves_a_sample_in_a_restricted_namespace(
             name = yaml.safe_load(path.read_text())["metadata"]["name"]
             cluster.kubectl("apply", "-n", namespace, "-f", str(path))
             wait_ready(cluster, namespace, name)
-        assert scoped.metric("heteroserve_operator_reconciles_total", result="error") == 0
+        # Nothing failed in this namespace: a refused write is a warning naming it, a reconcile
+        # that raised an error naming it. (Not the process's error count: it also reconciles
+        # other tests' namespaces, and one being deleted refuses writes.)
+        problems = [line for line in scoped.log_path.read_text(errors="replace").splitlines()
+                    if f"{namespace}/" in line or f'namespace "{namespace}"' in line
+                    if " WARNING " in line or " ERROR " in line]
+        assert problems == [], problems
     finally:
         scoped.stop()
         operator.start()
