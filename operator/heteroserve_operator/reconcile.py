@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 DEPLOYMENT = KINDS[("apps/v1", "Deployment")]
 
 
+def _failure(error: Exception) -> str:
+    """A kind of failure, for logging each once: the HTTP status, else the exception's type."""
+    return f"HTTP {error.status}" if isinstance(error, ApiError) else type(error).__name__
+
+
 @dataclass(frozen=True)
 class Outcome:
     applied: tuple[str, ...] = ()
@@ -203,6 +208,9 @@ class Reconciler:
             known.pop((kind, namespace, name), None)
         if kind == KIND:
             self._renders.pop((namespace, name), None)
+        if kind == "Deployment":
+            self._release_failures = {k for k in self._release_failures
+                                      if k[:2] != (namespace, name)}
 
     def _wrote(self, kind: str, written: dict[str, Any] | None,
                manifest: dict[str, Any] | None = None) -> None:
@@ -427,7 +435,8 @@ class Reconciler:
         Deployment and its ReplicaSets before the write: the Deployment may come from the watch
         cache, and a count from before a `kubectl scale` must not be written. Best effort: a
         failed read or write is logged (once per Deployment and kind of failure) and the next
-        reconcile tries again; the reconcile goes on."""
+        reconcile tries again; the reconcile goes on. A confirmed hold that cannot be released
+        (an old chart's ClusterRole without ReplicaSets) is also a Warning Event, once."""
         namespace = body["metadata"]["namespace"]
         for deployment in deployments:
             if not may_be_held(deployment):
@@ -441,36 +450,45 @@ class Reconciler:
                     held = fresh and held_rollout(fresh, self.kube.replica_sets(
                         namespace, fresh["spec"]["selector"].get("matchLabels") or {},
                         consistent=True))
-                if not held:
-                    continue
+            except Exception as error:   # best effort, see above
+                self._warn_once(body, name, _failure(error), error)
+                continue
+            if not held:
+                continue
+            what = (f"Deployment {name}: kube-controller-manager held its rollout (ReplicaSet "
+                    f"{held.replica_set} annotated desired-replicas {held.stale_desired}, the "
+                    f"Deployment wants {held.annotations[DESIRED_REPLICAS]}: "
+                    f"kubernetes/kubernetes#102551)")
+            try:
                 self.kube.annotate(REPLICA_SET, namespace, held.replica_set,
                                    held.resource_version, held.annotations)
-            except ApiError as error:
-                # 404/409: the ReplicaSet went or changed; the controller is acting.
-                if error.status not in (404, 409):
-                    self._warn_once(body, name, f"HTTP {error.status}", error)
-                continue
             except Exception as error:   # best effort, see above
-                self._warn_once(body, name, type(error).__name__, error)
+                # 404/409: the ReplicaSet went or changed; the controller is acting.
+                if not (isinstance(error, ApiError) and error.status in (404, 409)) \
+                        and self._warn_once(body, name, _failure(error), error):
+                    self.kube.event(body, "Warning", "RolloutHeld", (
+                        f"{what}; the operator could not release it: {error}. Its ClusterRole "
+                        f"needs list and patch of replicasets.apps (the chart grants them); or "
+                        f"set that annotation to the Deployment's replicas by hand"))
                 continue
             component = (deployment["metadata"].get("labels") or {}).get(LABEL_COMPONENT, "")
             self.rollouts_released.labels(component).inc()
-            message = (f"Deployment {name}: kube-controller-manager held its rollout (ReplicaSet "
-                       f"{held.replica_set} annotated desired-replicas {held.stale_desired}, the "
-                       f"Deployment wants {held.annotations[DESIRED_REPLICAS]}: "
-                       f"kubernetes/kubernetes#102551); released by updating the annotation")
+            message = f"{what}; released by updating the annotation"
             log.warning("%s/%s: %s", namespace, body["metadata"]["name"], message)
             self.kube.event(body, "Normal", "RolloutReleased", message)
 
     def _warn_once(self, body: dict[str, Any], deployment: str, failure: str,
-                   error: Exception) -> None:
+                   error: Exception) -> bool:
         """A failed check or release of a held rollout, logged the first time it happens to
-        that Deployment (an old chart's RBAC without ReplicaSets would log at every rollout)."""
+        that Deployment (an old chart's RBAC without ReplicaSets would log at every rollout).
+        True when this was the first time."""
         key = (body["metadata"]["namespace"], deployment, failure)
-        if key not in self._release_failures:
-            self._release_failures.add(key)
-            log.warning("%s/%s: could not check or release the rollout of Deployment %s "
-                        "(logged once): %s", key[0], body["metadata"]["name"], deployment, error)
+        if key in self._release_failures:
+            return False
+        self._release_failures.add(key)
+        log.warning("%s/%s: could not check or release the rollout of Deployment %s "
+                    "(logged once): %s", key[0], body["metadata"]["name"], deployment, error)
+        return True
 
     def _offer(self, kind_name: str, written: dict[str, Any]) -> None:
         if self.caches is not None:

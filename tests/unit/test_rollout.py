@@ -188,11 +188,40 @@ def test_a_replica_set_gone_or_changed_is_left_to_the_controller_silently(status
 
 
 @pytest.mark.parametrize("error", ["forbidden", "connection"])
-def test_other_failures_are_logged_once_and_the_reconcile_goes_on(error, caplog):
+def test_a_hold_that_cannot_be_released_is_logged_and_a_warning_once(error, caplog):
     from heteroserve_operator.kube import ApiError
 
     fail = ApiError(403, "replicasets is forbidden") if error == "forbidden" \
         else ConnectionError("apiserver went away")
     kube = StubKube(HELD, fresh_deployment=deployment(), fail=fail)
-    assert release(kube) == 0 and kube.events == []
+    assert release(kube) == 0   # two reconciles
     assert caplog.text.count("could not check or release the rollout") == 1
+    ((kind, reason, message),) = kube.events
+    assert (kind, reason) == ("Warning", "RolloutHeld")
+    assert "pd-decode-5cc7c95c98" in message and "list and patch of replicasets" in message
+
+
+def test_a_failed_read_is_logged_once_and_no_event(caplog):
+    from heteroserve_operator.kube import ApiError
+
+    class Refusing(StubKube):
+        def replica_sets(self, namespace, match_labels, consistent=False):
+            raise ApiError(403, "replicasets is forbidden")
+
+    kube = Refusing(HELD, fresh_deployment=deployment())
+    assert release(kube) == 0 and kube.events == [] and kube.annotated == []
+    assert caplog.text.count("could not check or release the rollout") == 1
+
+
+def test_a_deployment_deleted_and_made_again_is_warned_about_again(caplog):
+    from prometheus_client import CollectorRegistry
+
+    from heteroserve_operator.kube import ApiError
+    from heteroserve_operator.reconcile import Reconciler
+
+    kube = StubKube(HELD, fresh_deployment=deployment(), fail=ApiError(403, "forbidden"))
+    reconciler = Reconciler(kube, CollectorRegistry())  # type: ignore[arg-type]
+    reconciler._release_held_rollouts(OWNER, [deployment()])
+    reconciler.forget("Deployment", "ns", "pd-decode")   # its watch's DELETED event
+    reconciler._release_held_rollouts(OWNER, [deployment()])
+    assert [e[1] for e in kube.events] == ["RolloutHeld", "RolloutHeld"]
