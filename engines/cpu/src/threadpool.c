@@ -147,9 +147,15 @@ static void *worker(void *p) {
         pool->task(pool->ctx, arg.ith, pool->n);
         /* Done, then wake the caller if it parked waiting for this worker (the same
          * announce/re-check pairing: it names the worker in caller_parked before it reads
-         * `wakes` and that worker's line again; all seq_cst, so either it sees the line or the
-         * worker sees its name). One wake-up a parked wait, not one a worker. */
-        atomic_store(&pool->done[arg.ith].generation, gen);
+         * `wakes` and that worker's line again, so either it sees the line or the worker sees
+         * its name). One wake-up a parked wait, not one a worker. Both announcements are
+         * read-modify-writes, as the sleepers' is: a seq_cst store followed by a load of
+         * another word is ordered on the hardware (x86 compiles the store as xchg, aarch64's
+         * stlr/ldar are ordered), but qemu-user's aarch64 on an x86 host let the load pass the
+         * store, and the caller slept on a worker that had seen no name (a pool_run of 8
+         * threads with HETEROSERVE_POOL_SPIN_US=0 hung 1 time in 5; the kernel test under
+         * qemu once in CI). */
+        atomic_exchange(&pool->done[arg.ith].generation, gen);
         if (atomic_load(&pool->caller_parked) == arg.ith) {
             atomic_fetch_add(&pool->wakes, 1);
             futex_wake(&pool->wakes, 1);
@@ -212,7 +218,7 @@ void hs_pool_run(hs_pool *pool, hs_task task, void *ctx) {
     int busy = first_busy(pool, 1, gen, pool->spin_ns);
     if (busy == pool->n) return;
     for (;;) { /* parked, one worker at a time: named, then its line checked again */
-        atomic_store(&pool->caller_parked, busy);
+        atomic_exchange(&pool->caller_parked, busy); /* an RMW: see the worker's */
         const unsigned wakes = atomic_load(&pool->wakes);
         if (atomic_load(&pool->done[busy].generation) != gen) futex_wait(&pool->wakes, (int)wakes);
         busy = first_busy(pool, busy, gen, 0);
