@@ -22,6 +22,9 @@
  * (30-50 ns) of unpacking and scaling - the blocks waited on their data going from vector stores
  * to tile loads and from tile stores to vector loads; hence the pipeline. Each strip's rows are
  * prefetched WIDE8_AHEAD bytes ahead (sixteen streams: 156 -> 126 ns a block at 16 rows, q8_0).
+ * Unpacking each strip row once per group instead, into a layout the tile loads read directly,
+ * kept every bit but was slower at model level: as two 16-element products a block (the tile
+ * work doubled) and as one (docs/benchmarks.md, ninth round; tests/bench/dropped/).
  *
  * bf16 (wide, from HETEROSERVE_WIDE_MIN rows, a prefill chunk): each weight strip is dequantized
  * to bf16 (value x scale) once per call, however many activation rows it then meets, and the tile
