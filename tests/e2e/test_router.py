@@ -122,6 +122,20 @@ def test_split_is_refused_until_the_kv_hand_off_exists(accel_engine, cpu_engine,
     assert error.value.body["code"] == "split_unavailable"
 
 
+def test_models_give_the_smallest_context_of_the_tiers(accel_engine, cpu_engine, router_factory):
+    """The engines report their --max-model-len; a request may land on either tier, so the
+    router's list gives the smaller, and a router of one tier that tier's."""
+    for engine, length in ((accel_engine, 4096), (cpu_engine, 512)):
+        card = OpenAI(base_url=f"http://127.0.0.1:{engine.port}/v1", api_key="unused",
+                      max_retries=0).models.list().data[0]
+        assert card.max_model_len == length
+    both = client_for(router_factory(tiers(accel_engine, cpu_engine, policy="auto")))
+    assert [m.max_model_len for m in both.models.list()] == [512]
+    assert both.models.retrieve(MODEL).max_model_len == 512
+    accelerator = client_for(router_factory(tiers(accel_engine, policy="accelerator")))
+    assert [m.max_model_len for m in accelerator.models.list()] == [4096]
+
+
 def test_models_and_errors_in_openai_shape(cpu_engine, router_factory):
     router = router_factory(tiers(cpu=cpu_engine, policy="cpu"))
     client = client_for(router)

@@ -62,16 +62,23 @@ def answer(status: int, body: dict | str, headers: dict[str, str] | None = None
 
 @dataclass
 class FakeEngines:
-    """Every upstream engine behind one MockTransport: /health answers 200, /metrics 404, the
-    completion routes what `answers` says (default 200 with COMPLETION_BODY)."""
+    """Every upstream engine behind one MockTransport: /health answers 200, /metrics 404,
+    /v1/models the model with the base's `contexts` entry as its max_model_len (absent: not
+    reported), the completion routes what `answers` says (default 200 with COMPLETION_BODY)."""
 
     answers: dict[str, list[Answer]] = field(default_factory=dict)
     calls: list[tuple[str, dict]] = field(default_factory=list)
+    contexts: dict[str, int] = field(default_factory=dict)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if request.url.path == "/health":
             return httpx.Response(200, json={"status": "ok"})
+        if request.url.path == "/v1/models":
+            card = {"id": MODEL, "object": "model"}
+            if base in self.contexts:
+                card["max_model_len"] = self.contexts[base]
+            return httpx.Response(200, json={"object": "list", "data": [card]})
         if request.url.path == "/metrics":
             return httpx.Response(404)
         self.calls.append((base, json.loads(request.content)))
@@ -160,6 +167,21 @@ def test_models() -> None:
                           "owned_by": "heteroserve", "max_model_len": None}
     error = assert_openai_error(other, 404, "model_not_found")
     assert error["param"] == "model" and "org/other" in error["message"]
+
+
+def test_models_give_the_smallest_context_of_the_healthy_upstreams() -> None:
+    """A request may go to any tier: the list promises the smallest context an upstream that
+    can take it reports; an upstream out of routing does not count, and none reporting is null."""
+    cfg = config(policy="auto", cpu={"urls": [CPU_A]})
+    engines = FakeEngines(contexts={ACC_A: 32768, ACC_B: 16384, CPU_A: 8192})
+    with router(cfg, engines) as (http, service, _):
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 8192
+        assert http.get(f"/v1/models/{MODEL}").json()["max_model_len"] == 8192
+        service.pool.get(CPU_A).mark_down("refused")
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 16384
+        for url in (ACC_A, ACC_B):
+            service.pool.get(url).mark_down("refused")
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] is None
 
 
 def test_health_ready_and_metrics_routes() -> None:

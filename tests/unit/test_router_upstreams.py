@@ -12,7 +12,12 @@ import httpx
 import pytest
 
 from heteroserve_engines.protocol.router_config import RouterConfig, TierConfig
-from heteroserve_engines.router.upstreams import Upstream, UpstreamPool, read_load
+from heteroserve_engines.router.upstreams import (
+    Upstream,
+    UpstreamPool,
+    context_length,
+    read_load,
+)
 
 # A vLLM 0.8-style exposition (prometheus_client's text format): the old KV-usage name, counters
 # with their _total and _created lines, histograms, and the model_name label on everything.
@@ -287,6 +292,74 @@ def test_check_uses_the_models_path_without_a_health_path() -> None:
 
     asyncio.run(scenario())
     assert seen == ["/models"]
+
+
+@pytest.mark.parametrize(("body", "length"), [
+    pytest.param({"object": "list", "data": [{"id": "m", "max_model_len": 4096}]}, 4096,
+                 id="vllm"),
+    pytest.param({"data": [{"id": "a", "max_model_len": 8192}, {"id": "b", "max_model_len": 2048}]},
+                 2048, id="smallest-of-several"),
+    pytest.param({"data": [{"id": "m"}]}, None, id="not-reported"),
+    pytest.param({"data": [{"id": "m", "max_model_len": None}]}, None, id="null"),
+    pytest.param({"data": [{"id": "m", "max_model_len": True}]}, None, id="bool"),
+    pytest.param({"data": [{"id": "m", "max_model_len": -1}]}, None, id="negative"),
+    pytest.param({"data": [{"id": "m", "max_model_len": "4096"}]}, None, id="string"),
+    pytest.param({"data": "nope"}, None, id="data-not-a-list"),
+    pytest.param(["not", "an", "object"], None, id="a-list"),
+    pytest.param("not json", None, id="not-json"),
+])
+def test_context_length(body, length: int | None) -> None:
+    response = (httpx.Response(200, text=body) if isinstance(body, str)
+                else httpx.Response(200, json=body))
+    assert context_length(response) == length
+
+
+def test_context_length_of_a_failed_answer_is_unknown() -> None:
+    assert context_length(httpx.Response(404, json={"data": [{"max_model_len": 1}]})) is None
+    assert context_length(None) is None
+
+
+def test_check_reads_the_context_when_an_upstream_is_admitted_and_again_after_it_was_down(
+) -> None:
+    """The model list is read when a check admits the upstream, not at every check; a
+    readmitted upstream (a restarted engine) is read again, and one whose list cannot be read
+    is still admitted, its context unknown."""
+    seen: list[str] = []
+    context = {"length": 4096, "models": 200}
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if request.url.path == "/v1/models":
+            if context["models"] != 200:
+                raise httpx.ReadTimeout("slow", request=request)
+            return httpx.Response(200, json={"data": [{"id": "m",
+                                                       "max_model_len": context["length"]}]})
+        return httpx.Response(200, json={"status": "ok"})
+
+    config, client = pool_with(record)
+
+    async def scenario() -> list[int | None]:
+        lengths = []
+        async with client() as http:
+            pool = UpstreamPool(config, http)
+            (u,) = pool.upstreams.values()
+            await pool.check(u)
+            await pool.check(u)
+            lengths.append(u.max_model_len)
+            u.mark_down("refused")
+            context["length"] = 2048
+            await pool.check(u)
+            lengths.append(u.max_model_len)
+            u.mark_down("refused")
+            context["models"] = 0
+            await pool.check(u)
+            lengths.append(u.max_model_len)
+            assert u.healthy
+        return lengths
+
+    assert asyncio.run(scenario()) == [4096, 2048, None]
+    assert seen == ["/health", "/v1/models", "/health", "/health", "/v1/models", "/health",
+                    "/v1/models"]
 
 
 @pytest.mark.parametrize(("handler", "running"), [

@@ -96,7 +96,12 @@ class RouterService:
 
     # -- plain answers ---------------------------------------------------------------------------
     def models(self) -> ModelList:
-        return ModelList(data=[ModelCard(id=self.config.model, created=self.created)])
+        # The context a request can count on wherever it is routed: the smallest that a
+        # healthy upstream reports (None while none reports one).
+        lengths = [u.max_model_len for u in self.pool.upstreams.values()
+                   if u.healthy and u.max_model_len is not None]
+        return ModelList(data=[ModelCard(id=self.config.model, created=self.created,
+                                         max_model_len=min(lengths, default=None))])
 
     def model(self, model_id: str) -> ModelCard:
         if model_id != self.config.model:

@@ -5,7 +5,9 @@ periodically, every address being one upstream. Health checks follow sysHAX: eve
 `intervalSeconds`, `timeoutSeconds` each; `failureThreshold` failures in a row remove an
 upstream from routing, one success re-admits it. A refused connection while proxying marks the
 upstream down at once (the next check re-admits it). Load comes from each upstream's Prometheus
-text under vLLM's names, scraped every `scrapeIntervalSeconds`.
+text under vLLM's names, scraped every `scrapeIntervalSeconds`. Each upstream's context length
+(`max_model_len` in its model list, as vLLM reports it) is read when it becomes healthy, so that
+the router's own model list can give the smallest of them.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class Upstream:
         self._preemptions: float | None = None
         self._generated: tuple[float, float] | None = None  # (counter, monotonic time)
         self._running: float | None = None  # at the previous scrape
+        # Its context length, from its model list (None: not reported); read again whenever it
+        # comes back healthy (a restarted engine may have another).
+        self.max_model_len: int | None = None
 
     def state(self) -> UpstreamState:
         return UpstreamState(
@@ -121,6 +126,21 @@ class Upstream:
                 self.tokens_per_second = sample if last is None else (
                     SPEED_SMOOTHING * sample + (1 - SPEED_SMOOTHING) * last)
         self._generated = (generated, now)
+
+def context_length(response: httpx.Response | None) -> int | None:
+    """The smallest `max_model_len` of a model list's entries (vLLM's field; engines that do
+    not report it, or an answer that is not a model list: None)."""
+    if response is None or response.status_code != 200:
+        return None
+    try:
+        data = response.json().get("data")
+    except (ValueError, AttributeError):
+        return None
+    lengths = [entry.get("max_model_len") for entry in data if isinstance(entry, dict)] \
+        if isinstance(data, list) else []
+    lengths = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    return min(lengths, default=None)
+
 
 async def resolve_addresses(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -225,13 +245,26 @@ class UpstreamPool:
 
     async def check(self, upstream: Upstream) -> None:
         path = upstream.config.health_path or upstream.config.models_path
+        response = None
         try:
             response = await self.client.get(upstream.url + path,
                                              timeout=self.config.health.timeout_seconds)
             ok, detail = response.status_code == 200, f"HTTP {response.status_code}"
         except httpx.HTTPError as error:
             ok, detail = False, f"{type(error).__name__}: {error}"
+        if ok and not upstream.healthy:  # (re)admitted: what context does it serve?
+            if path != upstream.config.models_path:
+                response = await self._get(upstream, upstream.config.models_path)
+            upstream.max_model_len = context_length(response)
         upstream.record_check(ok, self.config.health.failure_threshold, detail)
+
+    async def _get(self, upstream: Upstream, path: str) -> httpx.Response | None:
+        try:
+            return await self.client.get(upstream.url + path,
+                                         timeout=self.config.health.timeout_seconds)
+        except httpx.HTTPError as error:
+            log.debug("%s of %s unreadable: %s", path, upstream.url, error)
+            return None
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(u) for u in list(self.upstreams.values())
