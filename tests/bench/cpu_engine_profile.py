@@ -20,7 +20,8 @@ sampling, the call itself).
 
 Before/after: `--baseline REV` runs every configuration also on the CPU engine of revision REV
 (tests/bench/baseline.py builds it once into ~/.cache/heteroserve/baseline), the two builds in
-alternating processes (working tree, REV, working tree, ...) `--repeats` times; the table gives
+alternating processes `--repeats` times, the order rotating from repeat to repeat (working tree
+then REV, REV then working tree, ...: neither always runs first); the table gives
 each phase's median over the repeats, the row labelled with the build, and beside the rate
 its range over the processes (the slowest's to the fastest's): where two builds' ranges
 overlap, the A/B has not separated them.
@@ -38,7 +39,7 @@ import time
 from array import array
 
 from tests.bench import baseline
-from tests.bench.cpu_engine_vs_llamacpp import model_path, prompt_tokens
+from tests.bench.cpu_engine_vs_llamacpp import model_path, prompt_tokens, rotated
 
 
 def worker(path: str, threads: int, prompts: list[int], batches: list[int], steps: int,
@@ -111,6 +112,15 @@ def median_rows(samples: list[dict]) -> dict:
     return {"variant": samples[0]["variant"], "rows": rows}
 
 
+def run_order(builds: list, configs: list[str], repeats: int) -> list[tuple]:
+    """(label, folder, configuration) of each process in turn: every build with every
+    configuration, `repeats` times, the builds' order rotating from one repeat to the next (A B,
+    B A, ...). Going first is not neutral: after a model file was written, the first processes
+    ran slower in their untouched phases (docs/benchmarks.md)."""
+    return [(label, folder, config) for i in range(max(1, repeats))
+            for label, folder in rotated(builds, i) for config in configs]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -144,24 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         short, folder = baseline.build(args.baseline)
         builds = [("working tree", None), (short, folder)]
     runs: dict[str, list[dict]] = {}
-    for _ in range(max(1, args.repeats)):
-        for label, folder in builds:
-            for config in args.configs.split(","):
-                variant, _, wide_min = config.partition("@")
-                env = baseline.env_for(dict(os.environ, HETEROSERVE_KERNELS=variant,
-                                            HETEROSERVE_HUGEPAGES="0"), folder)
-                if wide_min:
-                    env["HETEROSERVE_WIDE_MIN"] = wide_min
-                out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile",
-                                      "--worker", "--model", str(path), "--threads",
-                                      str(args.threads), "--prompts", args.prompts, "--batches",
-                                      args.batches, "--steps", str(args.steps), "--depth",
-                                      str(args.depth)], env=env,
-                                     check=True, capture_output=True, text=True).stdout
-                result = json.loads(out.strip().splitlines()[-1])
-                if result["variant"] != variant:
-                    print(f"note: {config} ran as {result['variant']}")
-                runs.setdefault(f"{config} {label}".strip(), []).append(result)
+    for label, folder, config in run_order(builds, args.configs.split(","), args.repeats):
+        variant, _, wide_min = config.partition("@")
+        env = baseline.env_for(dict(os.environ, HETEROSERVE_KERNELS=variant,
+                                    HETEROSERVE_HUGEPAGES="0"), folder)
+        if wide_min:
+            env["HETEROSERVE_WIDE_MIN"] = wide_min
+        out = subprocess.run([sys.executable, "-m", "tests.bench.cpu_engine_profile",
+                              "--worker", "--model", str(path), "--threads",
+                              str(args.threads), "--prompts", args.prompts, "--batches",
+                              args.batches, "--steps", str(args.steps), "--depth",
+                              str(args.depth)], env=env,
+                             check=True, capture_output=True, text=True).stdout
+        result = json.loads(out.strip().splitlines()[-1])
+        if result["variant"] != variant:
+            print(f"note: {config} ran as {result['variant']}")
+        runs.setdefault(f"{config} {label}".strip(), []).append(result)
     results = {key: median_rows(samples) for key, samples in runs.items()}
     if args.baseline or args.repeats > 1:
         print(f"medians of {max(1, args.repeats)} processes per row\n")

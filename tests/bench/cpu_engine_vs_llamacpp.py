@@ -114,7 +114,21 @@ def quantized_smollm2(kind: str) -> Path:
                                             ctypes.byref(params))
         if rc != 0:
             raise RuntimeError(f"llama.cpp quantize failed with {rc}")
+        flushed(out)
     return out
+
+
+def flushed(path: Path) -> Path:
+    """`path` once its pages are on disk: a model just written is otherwise flushed in the
+    background while the first processes run, taking memory bandwidth from them (the 8B's 4 GB;
+    once, right after that file was written, the first build's untouched phases ran 2-4x slower
+    for identical code: docs/benchmarks.md). This rules that cause out of every comparison."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
 
 
 def rotated(engines, i: int) -> list:
@@ -222,7 +236,7 @@ def synthetic(shape: str = "1.1b", kind: str = "q4_0", tokenizer: str | None = N
             t = tile(cols)
             writer.write_tensor_data(np.tile(t, (-(-rows // TILE_ROWS), 1))[:rows])
     writer.close()
-    part.rename(out)
+    flushed(part).rename(out)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.cpu_engine_profile import main, median_rows
+from tests.bench.cpu_engine_profile import main, median_rows, run_order
 
 
 def sample(wall: float, attention: float) -> dict:
@@ -32,3 +32,15 @@ def test_a_depth_under_the_default_32_positions_is_refused(capsys):
         main(["--model", "1.1b:q4_0", "--depth", "8"])
     assert exit_info.value.code == 2
     assert "--depth: at least 32" in capsys.readouterr().err
+
+
+def test_the_builds_take_turns_going_first():
+    order = run_order([("working tree", None), ("base", "/b")], ["amx", "avx512vnni"], 3)
+    assert [(label, config) for label, _, config in order] == [
+        ("working tree", "amx"), ("working tree", "avx512vnni"), ("base", "amx"),
+        ("base", "avx512vnni"),
+        ("base", "amx"), ("base", "avx512vnni"), ("working tree", "amx"),
+        ("working tree", "avx512vnni"),
+        ("working tree", "amx"), ("working tree", "avx512vnni"), ("base", "amx"),
+        ("base", "avx512vnni")]
+    assert run_order([("", None)], ["amx"], 0) == [("", None, "amx")]  # at least one
