@@ -133,13 +133,13 @@ def context_length(response: httpx.Response | None) -> int | None:
     if response is None or response.status_code != 200:
         return None
     try:
-        data = response.json().get("data")
-    except (ValueError, AttributeError):
+        data = response.json()["data"]
+    except (ValueError, TypeError, KeyError):
         return None
-    lengths = [entry.get("max_model_len") for entry in data if isinstance(entry, dict)] \
-        if isinstance(data, list) else []
-    lengths = [n for n in lengths if isinstance(n, int) and not isinstance(n, bool) and n > 0]
-    return min(lengths, default=None)
+    if not isinstance(data, list):
+        return None
+    lengths = [entry.get("max_model_len") for entry in data if isinstance(entry, dict)]
+    return min((n for n in lengths if type(n) is int and n > 0), default=None)
 
 
 async def resolve_addresses(host: str, port: int) -> list[str]:
@@ -243,28 +243,24 @@ class UpstreamPool:
         await asyncio.gather(*(self.check(u) for u in list(self.upstreams.values())))
         self.on_change(list(self.upstreams.values()))
 
-    async def check(self, upstream: Upstream) -> None:
-        path = upstream.config.health_path or upstream.config.models_path
-        response = None
+    async def _get(self, upstream: Upstream, path: str) -> tuple[httpx.Response | None, str]:
+        """(the answer, or None when the request failed; what happened, in words)."""
         try:
             response = await self.client.get(upstream.url + path,
                                              timeout=self.config.health.timeout_seconds)
-            ok, detail = response.status_code == 200, f"HTTP {response.status_code}"
         except httpx.HTTPError as error:
-            ok, detail = False, f"{type(error).__name__}: {error}"
+            return None, f"{type(error).__name__}: {error}"
+        return response, f"HTTP {response.status_code}"
+
+    async def check(self, upstream: Upstream) -> None:
+        path = upstream.config.health_path or upstream.config.models_path
+        response, detail = await self._get(upstream, path)
+        ok = response is not None and response.status_code == 200
         if ok and not upstream.healthy:  # (re)admitted: what context does it serve?
             if path != upstream.config.models_path:
-                response = await self._get(upstream, upstream.config.models_path)
+                response, _ = await self._get(upstream, upstream.config.models_path)
             upstream.max_model_len = context_length(response)
         upstream.record_check(ok, self.config.health.failure_threshold, detail)
-
-    async def _get(self, upstream: Upstream, path: str) -> httpx.Response | None:
-        try:
-            return await self.client.get(upstream.url + path,
-                                         timeout=self.config.health.timeout_seconds)
-        except httpx.HTTPError as error:
-            log.debug("%s of %s unreadable: %s", path, upstream.url, error)
-            return None
 
     async def scrape_all(self) -> None:
         await asyncio.gather(*(self.scrape(u) for u in list(self.upstreams.values())
@@ -272,10 +268,10 @@ class UpstreamPool:
         self.on_change(list(self.upstreams.values()))
 
     async def scrape(self, upstream: Upstream) -> None:
+        response, detail = await self._get(upstream, upstream.config.metrics_path)
         try:
-            response = await self.client.get(upstream.url + upstream.config.metrics_path,
-                                             timeout=self.config.health.timeout_seconds)
-            response.raise_for_status()
+            if response is None or not response.is_success:
+                raise ValueError(detail)
             upstream.record_load(read_load(response.text), time.monotonic())
-        except (httpx.HTTPError, ValueError) as error:
+        except ValueError as error:  # (read_load's too: not Prometheus text)
             log.debug("metrics of %s unreadable: %s", upstream.url, error)
