@@ -280,6 +280,9 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     if (!(WIDE8_SKIP & 1)) DRAIN((nb - 1) & 1, nb - 1);
 #undef STEP
 #undef DRAIN
+    /* (acc is indexed by a variable here, so GCC keeps it in memory: each block's FMAs load and
+     * store its rows. Kept in registers instead it was not faster: docs/benchmarks.md, tenth
+     * round; tests/bench/dropped/wide8-register-accumulators.patch) */
     for (int r = 0; r < rows; r++) {
         _Alignas(64) float v[AMX_N];
         _mm512_store_ps(v, acc[r]);
