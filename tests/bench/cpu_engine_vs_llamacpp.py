@@ -293,7 +293,7 @@ def _anon_huge_kib(pid: int) -> int:
     return 0
 
 
-def huge_page_reads(first: float = 1.0):
+def huge_page_reads():
     """When run_sampled reads a process's AnonHugePages, in seconds from its start: 1, 2, 4, 8,
     ... A read of /proc/PID/smaps_rollup walks all of the process's page tables under its mmap
     lock. Read every second, as before, it cost the engine speed on the 8B q8_0 (7.6 GiB of 4 KiB
@@ -303,7 +303,7 @@ def huge_page_reads(first: float = 1.0):
     lock, while the other threads wait for it. Huge pages, once a process has its weights, stay
     until it exits, so a doubling interval still sees them, and a long run pays for a few reads
     only."""
-    at = first
+    at = 1.0
     while True:
         yield at
         at *= 2
