@@ -296,11 +296,12 @@ def _anon_huge_kib(pid: int) -> int:
 def huge_page_reads():
     """When run_sampled reads a process's AnonHugePages, in seconds from its start: 1, 2, 4, 8,
     ... A read of /proc/PID/smaps_rollup walks all of the process's page tables under its mmap
-    lock. Read every second, as before, it cost the engine speed on the 8B q8_0 (7.6 GiB of 4 KiB
-    pages) on the 16-core host: 62.5 / 93.6 tok/s at 8 / 16 sequences in the sampled process
-    against 68.0-70.3 / 111.3-114.8 in two plain ones (docs/benchmarks.md, tenth round), likely
-    because a walk that long holds up the engine's pinned Python caller wherever it needs that
-    lock, while the other threads wait for it. Huge pages, once a process has its weights, stay
+    lock. Read every second, as before, it may have cost the engine speed on the 8B q8_0 (7.6
+    GiB of 4 KiB pages) on the 16-core host: 62.5 / 93.6 tok/s at 8 / 16 sequences in one
+    sampled process against 68.0-70.3 / 111.3-114.8 in two plain ones (docs/benchmarks.md,
+    tenth round; the 2-core VM could not separate them), a walk that long holding up the
+    engine's pinned Python caller wherever it needs that lock while the other threads wait for
+    it. Huge pages, once a process has its weights, stay
     until it exits, so a doubling interval still sees them, and a long run pays for a few reads
     only."""
     at = 1.0
