@@ -281,6 +281,16 @@ class ControlPlane:
             timeout=120)
         return time.monotonic() - started
 
+    def restart_controllers(self) -> float:
+        """Restarts kube-controller-manager and kube-scheduler (SIGTERM, the same arguments) and
+        returns when both answer /healthz: their informers and work queues start afresh.
+        Returns the seconds it took."""
+        started = time.monotonic()
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            self._respawn(name, signal.SIGTERM, 0.0)
+        self._wait_controllers_healthy()
+        return time.monotonic() - started
+
     def _wait_controllers_healthy(self) -> None:
         """Returns when kube-controller-manager and kube-scheduler both answer /healthz."""
         for name, port in (("kube-controller-manager", self.ports["controller-manager"]),

@@ -253,6 +253,28 @@ RESTARTS = 5
 PD = ("builtin-gpu-prefill-cpu-decode", "pd")
 
 
+def router_slice_stale(cluster, namespace: str, name: str) -> bool:
+    """Whether `name` waits on its router's EndpointSlice alone while that slice lags the pods:
+    its tiers Ready, RouterReady False for want of endpoints, and no router pod (the prefill
+    pods, which carry the router) ready at an address the Service's slices list as ready."""
+    obj = get_json(cluster, "inferencedeployment", name, "-n", namespace)
+    conditions = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+    if not (conditions.get("PrefillReady", {}).get("status") == "True"
+            and conditions.get("DecodeReady", {}).get("status") == "True"
+            and conditions.get("RouterReady", {}).get("reason") == "NoReadyEndpoints"):
+        return False
+    pods = get_json(cluster, "pods", "-n", namespace, "-l",
+                    f"app.kubernetes.io/instance={name},app.kubernetes.io/component=prefill")
+    ready_ips = {p["status"].get("podIP") for p in pods["items"]
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in p["status"].get("conditions", []))}
+    slices = get_json(cluster, "endpointslices", "-n", namespace, "-l",
+                      f"kubernetes.io/service-name={name}")
+    listed = {address for s in slices["items"] for e in s.get("endpoints") or []
+              if (e.get("conditions") or {}).get("ready") for address in e["addresses"]}
+    return bool(ready_ips) and not ready_ips & listed
+
+
 def test_apiserver_restarts_under_activity(cluster, own_operator, namespace):
     own_operator.start()
     pid = own_operator.proc.pid
@@ -308,7 +330,20 @@ def test_apiserver_restarts_under_activity(cluster, own_operator, namespace):
     # desired-replicas annotation of the step before (read back from the failed run's etcd), which
     # holds kube-controller-manager's rollout for good (kubernetes/kubernetes#102551). The
     # operator releases such a rollout (rollout.py; the next test makes that state on purpose).
-    wait_ready(cluster, namespace, "pd", timeout=120)
+    try:
+        wait_ready(cluster, namespace, "pd", timeout=120)
+    except AssertionError:
+        # One CI run (2026-11-29) had both tiers Ready and RouterReady False ("0 router
+        # endpoints ready") for 120 s: the router Service's EndpointSlice still listed the
+        # replaced prefill pod's address, not the new pod's. That slice is kube-controller-
+        # manager's (its EndpointSlice controller retries a failed sync with a backoff of up to
+        # 1000 s), and the operator read it right. Only that state gets the controllers
+        # restarted, after which they sync every Service at once; any other state fails here.
+        if not router_slice_stale(cluster, namespace, "pd"):
+            raise
+        figure(f"the router's EndpointSlice was stale after 120 s; controllers restarted in "
+               f"{cluster.plane.restart_controllers():.1f} s")
+        wait_ready(cluster, namespace, "pd", timeout=120)
     released = {tier: own_operator.metric("heteroserve_operator_rollouts_released_total",
                                           component=tier) for tier in ("prefill", "decode")}
     figure(f"rollouts held by the controller-manager and released by the operator: {released}")
