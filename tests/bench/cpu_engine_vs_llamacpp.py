@@ -301,9 +301,8 @@ def huge_page_reads():
     sampled process against 68.0-70.3 / 111.3-114.8 in two plain ones (docs/benchmarks.md,
     tenth round; the 2-core VM could not separate them), a walk that long holding up the
     engine's pinned Python caller wherever it needs that lock while the other threads wait for
-    it. Huge pages, once a process has its weights, stay
-    until it exits, so a doubling interval still sees them, and a long run pays for a few reads
-    only."""
+    it. Huge pages, once a process has its weights, stay until it exits, so a doubling interval
+    still sees them, and a long run pays for a few reads only."""
     at = 1.0
     while True:
         yield at

@@ -269,9 +269,10 @@ class UpstreamPool:
 
     async def scrape(self, upstream: Upstream) -> None:
         response, detail = await self._get(upstream, upstream.config.metrics_path)
+        if response is None or not response.is_success:
+            log.debug("metrics of %s unreadable: %s", upstream.url, detail)
+            return
         try:
-            if response is None or not response.is_success:
-                raise ValueError(detail)
             upstream.record_load(read_load(response.text), time.monotonic())
-        except ValueError as error:  # (read_load's too: not Prometheus text)
+        except ValueError as error:  # not Prometheus text
             log.debug("metrics of %s unreadable: %s", upstream.url, error)
