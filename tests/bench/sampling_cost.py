@@ -1,7 +1,7 @@
 """Whether cpu_engine_vs_llamacpp's memory sampling costs heteroserve speed (a script, not a
 test): the benchmark's own heteroserve worker (`--worker`, one process, the model's SETTINGS),
-run alternately under the parent's sampler (run_sampled: the worker's RSS read every 0.1 s, its
-smaps_rollup at 1, 2, 4, 8, ... s) and plainly (no sampler), PAIRS times, the order rotating;
+run alternately under the parent's sampler (run_sampled: the worker's RssAnon and the machine's
+AnonHugePages read every 0.1 s) and plainly (no sampler), PAIRS times, the order rotating;
 prints each process's batch-1 and 16-sequence decode rates, then the medians.
 
     .venv/bin/python -m tests.bench.sampling_cost [--model 1.1b:q4_0] [--pairs 3] [--threads N]
