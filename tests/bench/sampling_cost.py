@@ -2,7 +2,7 @@
 test): the benchmark's own heteroserve worker (`--worker`, one process, the model's SETTINGS),
 run alternately under the parent's sampler (run_sampled: the worker's RssAnon and the machine's
 AnonHugePages read every 0.1 s) and plainly (no sampler), PAIRS times, the order rotating;
-prints each process's batch-1 and 16-sequence decode rates, then the medians.
+prints each process's batch-1, 8- and 16-sequence decode rates, then the medians.
 
     .venv/bin/python -m tests.bench.sampling_cost [--model 1.1b:q4_0] [--pairs 3] [--threads N]
 """
@@ -18,7 +18,7 @@ import sys
 
 from tests.bench.cpu_engine_vs_llamacpp import bench_env, model_path, run_sampled, settings_for
 
-KEYS = ("decode_1", "decode_16")
+KEYS = ("decode_1", "decode_8", "decode_16")
 
 
 def main(argv: list[str] | None = None) -> int:
