@@ -12,15 +12,17 @@ from tests.bench import cpu_engine_vs_llamacpp as bench
 HOLD = ("import sys, time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
         "time.sleep(float(sys.argv[1]))")
 # The same on transparent huge pages: 64 MiB of an anonymous mapping advised MADV_HUGEPAGE.
-HOLD_HUGE = ("import mmap, sys, time; m = mmap.mmap(-1, 66 << 20); m.madvise(mmap.MADV_HUGEPAGE); "
-             "m[::4096] = b'x' * len(m[::4096]); time.sleep(float(sys.argv[1]))")
+# Private: Python's default anonymous mmap is shared, shmem, whose huge pages are another setting.
+PRIVATE = "flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS"
+HOLD_HUGE = (f"import mmap, sys, time; m = mmap.mmap(-1, 66 << 20, {PRIVATE}); "
+             "m.madvise(mmap.MADV_HUGEPAGE); m[::4096] = b'x' * len(m[::4096]); "
+             "time.sleep(float(sys.argv[1]))")
 
 
 def thp_granted() -> bool:
-    """Whether this machine backs an advised mapping with huge pages (some kernels report the
-    madvise mode and still grant none: the 2-core VM's)."""
-    probe = ("import mmap, os; m = mmap.mmap(-1, 8 << 20); m.madvise(mmap.MADV_HUGEPAGE); "
-             "m[::4096] = b'x' * len(m[::4096]); "
+    """Whether this machine backs an advised private mapping with huge pages."""
+    probe = (f"import mmap, os; m = mmap.mmap(-1, 8 << 20, {PRIVATE}); "
+             "m.madvise(mmap.MADV_HUGEPAGE); m[::4096] = b'x' * len(m[::4096]); "
              "print(open(f'/proc/{os.getpid()}/smaps_rollup').read())")
     out = bench.subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout
     return any(line.startswith("AnonHugePages:") and int(line.split()[1]) > 0
