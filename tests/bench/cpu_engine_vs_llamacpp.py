@@ -46,8 +46,9 @@ Fairness rules (issue 12):
   the per-pair ratios beside it;
 - the same huge-page policy for all: where transparent huge pages are `always`, all get them;
   otherwise (`madvise`, which llama.cpp never asks for, nor ik_llama.cpp without its `-thp`)
-  heteroserve runs with HETEROSERVE_HUGEPAGES=0, so all run on 4 KiB pages; the AnonHugePages
-  each process held is printed to show it;
+  heteroserve runs with HETEROSERVE_HUGEPAGES=0, so all run on 4 KiB pages; the huge pages each
+  process held are printed to show it (the machine's AnonHugePages above its value when the
+  process started, a counter: no walk of the process's page tables while it is timed);
 - memory is compared as anonymous memory (peak RssAnon, sampled from /proc every 0.1 s):
   llama.cpp loads its weights with `-lm none` (no mmap: the weights are read into its own memory,
   as heteroserve's are), so neither figure hides a file mapping;
