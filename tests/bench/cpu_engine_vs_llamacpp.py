@@ -312,11 +312,12 @@ def run_sampled(cmd: list[str], env: dict, cwd: str | None = None) -> tuple[str,
 
     Both are counters. The process's own AnonHugePages (/proc/PID/smaps_rollup) is not read: a
     read walks all of its page tables under its mmap lock, about 1.9 million 4 KiB pages on the
-    8B q8_0, and on the 16-core host that walk cost the engine speed (docs/benchmarks.md, tenth
-    and eleventh rounds: 93.6 against 111.3-114.8 tok/s at 16 sequences read every second, 95.2
-    and 109.4 against 110.2 and 113.2 read at 1, 2, 4, 8, ... s). The machine-wide count is the
-    engine's on a machine that runs one benchmark process at a time (the benchmark's rule);
-    anything else that gains huge pages meanwhile would count too, never less than the engine's."""
+    8B q8_0, while the engine is timed; read every second it may have cost the engine speed on
+    the 16-core host (docs/benchmarks.md, tenth and eleventh rounds: one sampled process at
+    93.6 tok/s against 111.3-114.8 plain at 16 sequences; later pairs did not separate a cost
+    from the spread). The machine-wide count is the engine's on a machine that runs one
+    benchmark process at a time (the benchmark's rule); another process gaining or freeing huge
+    pages meanwhile would move it."""
     base = _system_huge_kib()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cwd)
