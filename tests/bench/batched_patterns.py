@@ -20,9 +20,10 @@ import sys
 import time
 
 from tests.bench.cpu_engine_vs_llamacpp import (
+    batch_prompts,
     bench_env,
     kv_positions,
-    model_path,
+    model_arg,
     open_heteroserve,
     prompt_tokens,
     settings_for,
@@ -39,9 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.threads < 1:
         ap.error("--rounds and --threads must be 1 or more")
-    if args.model.count(":") != 1:
-        ap.error(f"--model: SHAPE:KIND (e.g. 1.1b:q4_0), not {args.model!r}")
-    label, path = model_path(args.model, args.tokenizer)
+    label, path = model_arg(ap, args.model, args.tokenizer)
     env, policy = bench_env()
     os.environ.update(env)  # the benchmark's huge-page policy, before the engine allocates
     settings = settings_for(args.model)
@@ -73,13 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             nxt = run(nxt, [position], [0], [0])
     for rnd in range(1, args.rounds + 1):
         for batch in (8, 16):
-            tokens, positions, seqs = [], [], []
-            for s in range(batch):
-                tokens += prompt_tokens(npp, vocab, 100 + s)
-                positions += list(range(npp))
-                seqs += [s] * npp
-            last = [npp * s + npp - 1 for s in range(batch)]
-            state = {"next": run(tokens, positions, seqs, last), "at": npp}
+            state = {"next": run(*batch_prompts(batch, npp, vocab)), "at": npp}
 
             def bench_step(b=batch, state=state):
                 state["next"] = run(state["next"], [state["at"]] * b, range(b), range(b))

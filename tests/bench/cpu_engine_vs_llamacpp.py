@@ -251,6 +251,14 @@ def model_path(spec: str, tokenizer: str | None) -> tuple[str, Path]:
     return f"{name} {kind} (synthetic)", synthetic(shape, kind, tokenizer)
 
 
+def model_arg(parser, spec: str, tokenizer: str | None) -> tuple[str, Path]:
+    """model_path for a script's --model SPEC, a usage error (exit 2) where SPEC is no
+    SHAPE:KIND."""
+    if spec.count(":") != 1:
+        parser.error(f"--model: SHAPE:KIND (e.g. 1.1b:q4_0), not {spec!r}")
+    return model_path(spec, tokenizer)
+
+
 def settings_for(spec: str) -> tuple[tuple[int, ...], int, int, int]:
     return SETTINGS.get(spec.split(":", maxsplit=1)[0], SETTINGS["default"])
 
@@ -403,6 +411,17 @@ def prompt_tokens(n: int, vocab: int, seed: int) -> list[int]:
     return [rng.randrange(100, min(vocab, 30000)) for _ in range(n)]
 
 
+def batch_prompts(batch: int, npp: int, vocab: int) -> tuple[list, list, list, list]:
+    """(tokens, positions, seqs, logits_at) of one call holding `batch` sequences' prompts of
+    `npp` tokens each (sequence s's tokens seeded 100 + s), logits at each one's last token."""
+    tokens, positions, seqs = [], [], []
+    for s in range(batch):
+        tokens += prompt_tokens(npp, vocab, 100 + s)
+        positions += list(range(npp))
+        seqs += [s] * npp
+    return tokens, positions, seqs, [npp * s + npp - 1 for s in range(batch)]
+
+
 # -- the heteroserve worker (one process per sample) --------------------------------------------
 def measure(run, vocab: int, settings) -> dict[str, float]:
     """One sample of the work llama.cpp's tools do, as they do it: for each prompt length, prefill
@@ -427,12 +446,7 @@ def measure(run, vocab: int, settings) -> dict[str, float]:
         nxt = run(nxt, [step], [0], [0])
     results["decode_1"] = decode / (time.perf_counter() - start)
     for batch in (8, 16):
-        tokens, positions, seqs = [], [], []
-        for s in range(batch):
-            tokens += prompt_tokens(npp, vocab, 100 + s)
-            positions += list(range(npp))
-            seqs += [s] * npp
-        nxt = run(tokens, positions, seqs, [npp * s + npp - 1 for s in range(batch)])
+        nxt = run(*batch_prompts(batch, npp, vocab))
         start = time.perf_counter()
         for step in range(steps):
             nxt = run(nxt, [npp + step] * batch, range(batch), range(batch))

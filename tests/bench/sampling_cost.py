@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import sys
 
-from tests.bench.cpu_engine_vs_llamacpp import bench_env, model_path, run_sampled, settings_for
+from tests.bench.cpu_engine_vs_llamacpp import bench_env, model_arg, run_sampled, settings_for
 
 KEYS = ("decode_1", "decode_8", "decode_16")
 
@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.threads < 1:
         ap.error("--pairs and --threads must be 1 or more")
-    if args.model.count(":") != 1:
-        ap.error(f"--model: SHAPE:KIND (e.g. 1.1b:q4_0), not {args.model!r}")
-    label, path = model_path(args.model, args.tokenizer)
+    label, path = model_arg(ap, args.model, args.tokenizer)
     env, policy = bench_env()
     cmd = [sys.executable, "-m", "tests.bench.cpu_engine_vs_llamacpp", "--worker", "--model",
            str(path), "--threads", str(args.threads), "--settings",
