@@ -319,7 +319,7 @@ class PrefillEngineSpec(ApiModel):
     shm_size: bounded_quantity("prefill.engine.shmSize", "1Mi", "16Ti") | None = Field(
         default=None,
         description="Size of the memory-backed /dev/shm (the seeds' `--shm-size`); default 64Gi "
-        "for vLLM engines, 50Gi for KsanaLLM.",
+        "for vLLM engines, 50Gi for KsanaLLM, 8Gi for the builtin prefill engine.",
     )
 
 
