@@ -20,6 +20,7 @@ import sys
 import time
 
 from tests.bench.cpu_engine_vs_llamacpp import (
+    add_model_options,
     batch_prompts,
     bench_env,
     kv_positions,
@@ -32,11 +33,9 @@ from tests.bench.cpu_engine_vs_llamacpp import (
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="a SHAPE:KIND of the benchmark's --models")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    add_model_options(ap)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fresh", action="store_true", help="no prefill or batch-1 steps first")
-    ap.add_argument("--tokenizer", metavar="JSON", help="as the benchmark's --tokenizer")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.threads < 1:
         ap.error("--rounds and --threads must be 1 or more")

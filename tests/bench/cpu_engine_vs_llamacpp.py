@@ -251,6 +251,15 @@ def model_path(spec: str, tokenizer: str | None) -> tuple[str, Path]:
     return f"{name} {kind} (synthetic)", synthetic(shape, kind, tokenizer)
 
 
+def add_model_options(parser, default: str | None = None) -> None:
+    """--model SPEC (required without a default), --threads N and --tokenizer JSON, as the
+    scripts that run one model of this benchmark take them (model_arg reads the first)."""
+    parser.add_argument("--model", default=default, required=default is None,
+                        help="a SHAPE:KIND of the benchmark's --models")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--tokenizer", metavar="JSON", help="as the benchmark's --tokenizer")
+
+
 def model_arg(parser, spec: str, tokenizer: str | None) -> tuple[str, Path]:
     """model_path for a script's --model SPEC, a usage error (exit 2) where SPEC is no
     SHAPE:KIND."""

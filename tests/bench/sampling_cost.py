@@ -11,22 +11,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 
-from tests.bench.cpu_engine_vs_llamacpp import bench_env, model_arg, run_sampled, settings_for
+from tests.bench.cpu_engine_vs_llamacpp import (
+    add_model_options,
+    bench_env,
+    model_arg,
+    run_sampled,
+    settings_for,
+)
 
 KEYS = ("decode_1", "decode_8", "decode_16")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="1.1b:q4_0", help="a SHAPE:KIND of the benchmark's --models")
+    add_model_options(ap, default="1.1b:q4_0")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--tokenizer", metavar="JSON", help="as the benchmark's --tokenizer")
     args = ap.parse_args(argv)
     if args.pairs < 1 or args.threads < 1:
         ap.error("--pairs and --threads must be 1 or more")

@@ -30,10 +30,19 @@ def thp_granted() -> bool:
 
 
 def test_anonymous_memory_is_seen_without_reading_smaps_rollup(monkeypatch):
-    walked = []
+    walked, opened = [], []
     monkeypatch.setattr(bench, "_anon_huge_kib", lambda pid: walked.append(pid) or 0)
+    real_path = bench.Path
+
+    def recorded(*parts):
+        opened.append("/".join(map(str, parts)))
+        return real_path(*parts)
+
+    monkeypatch.setattr(bench, "Path", recorded)
     *_, mem = bench.run_sampled([sys.executable, "-c", HOLD, "1.5"], {})
     assert walked == []
+    assert opened, "the sampler read nothing from /proc"
+    assert not [path for path in opened if "smaps" in path]
     assert mem["anon_mib"] >= 64
 
 
