@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
     resyncs = Counter("heteroserve_operator_resyncs", "Periodic resyncs; acted=false: skipped "
                       "by a paused peering replica", ["acted"], registry=registry)
+    handovers = Counter("heteroserve_operator_handovers", "Times this peering replica took "
+                        "over (the replicas that outranked it lapsed or left) and queued every "
+                        "InferenceDeployment", registry=registry)
     queue = WorkQueue(reconcile_if_active, settings.workers,
                       settings.min_reconcile_interval_seconds)
     # status.decodeBindings, read from the decode engines' /metrics and written by the
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         identity=peering.identity if peering else None,
         liveness_endpoint=settings.liveness_endpoint,
         memo=kopf.Memo(reconciler=reconciler, queue=queue, settings=settings, gate=gate,
-                       resyncs=resyncs, bindings=bindings,
+                       resyncs=resyncs, handovers=handovers, bindings=bindings,
                        start_watches=lambda loop: start_watches(
                            reconciler, queue, bindings, loop, tuple(args.namespace),
                            settings.watch_timeout_seconds)),

@@ -1,5 +1,5 @@
-"""kopf wiring: the operator's lifecycle (start-up, clean-up), peering and liveness, and the
-periodic resync.
+"""kopf wiring: the operator's lifecycle (start-up, clean-up), peering and liveness, the
+periodic resync and, with peering, the hand-over.
 
 State-driven, not event-driven: the InferenceDeployments' and their children's watch events (the
 operator's own informers, informer.py and watches.py) and a periodic resync all call
@@ -32,13 +32,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     # InferenceDeployment events come back to this loop.
     memo.watches = memo.start_watches(asyncio.get_running_loop())
     memo.resync_task = asyncio.create_task(_resync(memo))
+    memo.handover_task = (asyncio.create_task(_handover(memo))
+                          if memo.gate.peering is not None else None)
 
 
 @kopf.on.cleanup()
 async def stop_resync(memo: kopf.Memo, **_) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task:
-        task.cancel()
+    for name in ("resync_task", "handover_task"):
+        task = getattr(memo, name, None)
+        if task:
+            task.cancel()
     watches = getattr(memo, "watches", None)
     if watches is not None:
         watches.stop()
@@ -66,3 +69,36 @@ async def _resync(memo: kopf.Memo) -> None:
             memo.resyncs.labels("true").inc()
         except Exception:
             log.exception("periodic resync failed; retrying at the next interval")
+
+
+async def _handover(memo: kopf.Memo) -> None:
+    """With peering: a passive replica looks again just after the keep-alives that outranked it
+    would lapse, and on taking over queues every InferenceDeployment. The events it let pass
+    while passive were dropped by the gate, and the periodic resync may be minutes away, so
+    without this a replica killed without notice would be replaced only at the next resync.
+    An active replica looks every half lifetime, to notice a pause (a replica of higher
+    priority joined) and so take over again later."""
+    loop = asyncio.get_running_loop()
+    gate, half = memo.gate, memo.settings.peering_lifetime_seconds / 2
+    active = await loop.run_in_executor(None, gate.active)
+    while True:
+        if active:
+            wait = half
+        else:
+            # 0.25 s after the lapse (kopf's clock and ours may differ by a little); with no
+            # lapse known (the peering object was unreadable, or the listing below failed) in
+            # 2 s.
+            lapse = gate.lapse_in()
+            wait = min(half, 2.0 if lapse is None else lapse + 0.25)
+        await asyncio.sleep(wait)
+        try:
+            now_active = await loop.run_in_executor(None, lambda: gate.active(fresh=True))
+            if now_active and not active:
+                items = await loop.run_in_executor(None, memo.reconciler.kube.list_all_owners)
+                for namespace, name in items:
+                    memo.queue.add(namespace, name)
+                memo.handovers.inc()
+                log.info("peering: taking over; %d InferenceDeployment(s) queued", len(items))
+            active = now_active   # not reached when the listing failed: taken over next time
+        except Exception:
+            log.exception("peering hand-over check failed; looking again shortly")

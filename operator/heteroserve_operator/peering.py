@@ -5,7 +5,9 @@ lastseen) and pauses its watches in every replica but the one of the highest pri
 live replicas share the top priority it pauses all of them. The operator's own periodic resync
 and its work queue run outside kopf's handlers, so they ask the same question of the same object
 before acting (`PeeringGate.active`). A replica killed without notice stays listed until its
-`lastseen + lifetime` passes; then the next one takes over.
+`lastseen + lifetime` passes; then the next one takes over: it looks again the moment the
+keep-alives that outranked it would lapse (`PeeringGate.lapse_in`), and queues every
+InferenceDeployment (handlers.py), since the events it let pass while passive were not acted on.
 """
 
 from __future__ import annotations
@@ -37,17 +39,20 @@ def _parse_time(value: str) -> dt.datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
 
 
-def outranked(peers: dict[str, Any], identity: str, priority: int, now: dt.datetime) -> bool:
+def outranked_until(peers: dict[str, Any], identity: str, priority: int, now: dt.datetime
+                    ) -> dt.datetime | None:
     """kopf's rule: another live peer (lastseen + lifetime still ahead) with a priority at
-    least ours pauses us."""
+    least ours pauses us. Returns when the last such keep-alive lapses (unless renewed), or
+    None when no live peer outranks us."""
+    until = None
     for other, info in (peers or {}).items():
         if other == identity or not isinstance(info, dict) or "lastseen" not in info:
             continue
         deadline = _parse_time(info["lastseen"]) + dt.timedelta(
             seconds=int(info.get("lifetime", 60)))
         if deadline > now and int(info.get("priority", 0)) >= priority:
-            return True
-    return False
+            until = deadline if until is None else max(until, deadline)
+    return until
 
 
 @dataclass(frozen=True)
@@ -84,30 +89,45 @@ def ensure_peering_objects(kube: KubeApi, peering: Peering) -> None:
 
 class PeeringGate:
     """`active()`: whether this replica may act now; None peering: always. The answer is read
-    from the apiserver at most once per `ttl` seconds."""
+    from the apiserver at most once per `ttl` seconds (`fresh=True`: now)."""
 
     def __init__(self, kube: KubeApi, peering: Peering | None, ttl: float = 1.0):
         self.kube, self.peering, self.ttl = kube, peering, ttl
         self._lock = threading.Lock()
         self._answer, self._at = False, -float("inf")
+        # When the keep-alives that outranked this replica at the last read lapse (None: none
+        # did, or the object could not be read).
+        self._until: dt.datetime | None = None
 
-    def active(self) -> bool:
+    def active(self, fresh: bool = False) -> bool:
         if self.peering is None:
             return True
         with self._lock:
-            if time.monotonic() - self._at >= self.ttl:
-                self._answer = self._read()
+            if fresh or time.monotonic() - self._at >= self.ttl:
+                self._answer, self._until = self._read()
                 self._at = time.monotonic()
             return self._answer
 
-    def _read(self) -> bool:
+    def lapse_in(self) -> float | None:
+        """Seconds (0 when already past) until the keep-alives that outranked this replica at
+        the last read lapse, unless renewed meanwhile; None when none did."""
+        with self._lock:
+            until = self._until
+        if until is None:
+            return None
+        return max(0.0, (until - dt.datetime.now(dt.UTC)).total_seconds())
+
+    def _read(self) -> tuple[bool, dt.datetime | None]:
         now = dt.datetime.now(dt.UTC)
+        latest = None
         try:
             for path in self.peering.paths():
                 peers = self.kube.request("GET", path).get("status", {}) or {}
-                if outranked(peers, self.peering.identity, self.peering.priority, now):
-                    return False
+                until = outranked_until(peers, self.peering.identity, self.peering.priority,
+                                        now)
+                if until is not None:
+                    latest = until if latest is None else max(latest, until)
         except Exception as error:  # an unreadable peering object means: do not act
             log.warning("cannot read the peering object (%s); not acting until it can", error)
-            return False
-        return True
+            return False, None
+        return latest is None, latest
