@@ -70,9 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     gate = PeeringGate(kube, peering)
 
     def reconcile_if_active(namespace: str, name: str):
-        # A replica that kopf paused gets no watch events, but its queue may hold keys from
-        # before the pause.
-        return reconciler.reconcile_by_name(namespace, name) if gate.active() else None
+        # A passive replica's informers keep watching; the gate refuses their reconciles and
+        # keeps the keys, queued again once this replica may act (handlers._handover).
+        if gate.active():
+            return reconciler.reconcile_by_name(namespace, name)
+        gate.refused(namespace, name)
+        return None
 
     resyncs = Counter("heteroserve_operator_resyncs", "Periodic resyncs; acted=false: skipped "
                       "by a paused peering replica", ["acted"], registry=registry)

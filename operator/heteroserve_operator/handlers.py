@@ -15,6 +15,7 @@ handler matching and invocation) was most of the operator's CPU at a thousand ob
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import kopf
@@ -31,9 +32,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> No
     # The informers (watches.py, built in __main__); the binding scraper's pod and
     # InferenceDeployment events come back to this loop.
     memo.watches = memo.start_watches(asyncio.get_running_loop())
-    memo.resync_task = asyncio.create_task(_resync(memo))
-    memo.handover_task = (asyncio.create_task(_handover(memo))
-                          if memo.gate.peering is not None else None)
+    memo.resync_task = asyncio.create_task(_resync(memo), name="resync")
+    memo.resync_task.add_done_callback(_report_end)
+    memo.handover_task = None
+    if memo.gate.peering is not None:
+        memo.handover_task = asyncio.create_task(_handover(memo), name="peering hand-over")
+        memo.handover_task.add_done_callback(_report_end)
 
 
 @kopf.on.cleanup()
@@ -72,33 +76,62 @@ async def _resync(memo: kopf.Memo) -> None:
 
 
 async def _handover(memo: kopf.Memo) -> None:
-    """With peering: a passive replica looks again just after the keep-alives that outranked it
-    would lapse, and on taking over queues every InferenceDeployment. The events it let pass
-    while passive were dropped by the gate, and the periodic resync may be minutes away, so
+    """With peering: acting again once this replica may. The gate refuses a passive replica's
+    reconciles (its informers keep watching), and the periodic resync may be minutes away, so
     without this a replica killed without notice would be replaced only at the next resync.
-    An active replica looks every half lifetime, to notice a pause (a replica of higher
-    priority joined) and so take over again later."""
+
+    A passive replica looks again 0.25 s after the keep-alives that outrank it would lapse (a
+    renewed one sends it back to wait; 0.25 s: a read that lands just before the deadline
+    still finds the peer live). On taking over (the gate's `takeovers` moved, whoever read
+    it) it queues every InferenceDeployment; otherwise it queues what the gate refused while
+    its object was unreadable. An active replica looks every half lifetime, and the gate
+    wakes it at once when a read by anyone finds something to act on."""
     loop = asyncio.get_running_loop()
     gate, half = memo.gate, memo.settings.peering_lifetime_seconds / 2
-    active = await loop.run_in_executor(None, gate.active)
-    while True:
-        if active:
-            wait = half
-        else:
-            # 0.25 s after the lapse (kopf's clock and ours may differ by a little); with no
-            # lapse known (the peering object was unreadable, or the listing below failed) in
-            # 2 s.
-            lapse = gate.lapse_in()
-            wait = min(half, 2.0 if lapse is None else lapse + 0.25)
-        await asyncio.sleep(wait)
-        try:
-            now_active = await loop.run_in_executor(None, lambda: gate.active(fresh=True))
-            if now_active and not active:
-                items = await loop.run_in_executor(None, memo.reconciler.kube.list_all_owners)
-                for namespace, name in items:
-                    memo.queue.add(namespace, name)
-                memo.handovers.inc()
-                log.info("peering: taking over; %d InferenceDeployment(s) queued", len(items))
-            active = now_active   # not reached when the listing failed: taken over next time
-        except Exception:
-            log.exception("peering hand-over check failed; looking again shortly")
+    wake = asyncio.Event()
+    gate.on_change = lambda: loop.call_soon_threadsafe(wake.set)
+    seen = 0   # the gate's take-overs acted on
+    active, retry = await loop.run_in_executor(None, gate.active), False
+    try:
+        while True:
+            if active and not retry:
+                wait = half
+            else:
+                # With no lapse known (the peering object was unreadable, or the listing
+                # below failed): in 2 s.
+                lapse = None if active else gate.lapse_in()
+                wait = min(half, 2.0 if lapse is None else lapse + 0.25)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), wait)
+            try:
+                active = await loop.run_in_executor(None, lambda: gate.active(fresh=True))
+                wake.clear()   # this read's own wake-up, or one that what follows acts on
+                if not active:
+                    continue
+                takeovers = gate.takeovers
+                if takeovers != seen:
+                    items = await loop.run_in_executor(None,
+                                                       memo.reconciler.kube.list_all_owners)
+                    # Every key, and any refused since the listing (an object created since).
+                    for namespace, name in dict.fromkeys([*items, *gate.take_refused()]):
+                        memo.queue.add(namespace, name)
+                    memo.handovers.inc(takeovers - seen)
+                    seen = takeovers
+                    log.info("peering: taking over; %d InferenceDeployment(s) queued",
+                             len(items))
+                else:
+                    for namespace, name in gate.take_refused():
+                        memo.queue.add(namespace, name)
+                retry = False
+            except Exception:
+                retry = True
+                log.exception("peering hand-over check failed; looking again in 2 s")
+    finally:
+        gate.on_change = None
+
+
+def _report_end(task: asyncio.Task) -> None:
+    """A background task that ended other than by cancellation is a bug: said, not silent."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task %s ended: %r", task.get_name(), task.exception(),
+                  exc_info=task.exception())

@@ -17,6 +17,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,24 +90,56 @@ def ensure_peering_objects(kube: KubeApi, peering: Peering) -> None:
 
 class PeeringGate:
     """`active()`: whether this replica may act now; None peering: always. The answer is read
-    from the apiserver at most once per `ttl` seconds (`fresh=True`: now)."""
+    from the apiserver at most once per `ttl` seconds (`fresh=True`: now); an unreadable
+    peering object means: do not act.
+
+    The gate also keeps what acting again needs, whoever read it (a reconcile, the resync or
+    the hand-over task): `takeovers` counts the reads that found this replica free to act
+    after one that found it outranked; `refused()` records the keys whose reconciles it
+    refused, `take_refused()` hands them over. `on_change`, when set (by handlers._handover),
+    is called from the reading thread when a read finds the replica free to act and either
+    is there to act on."""
 
     def __init__(self, kube: KubeApi, peering: Peering | None, ttl: float = 1.0):
         self.kube, self.peering, self.ttl = kube, peering, ttl
         self._lock = threading.Lock()
         self._answer, self._at = False, -float("inf")
+        # The last successful read's answer (None: none yet); a failed read leaves it.
+        self._known: bool | None = None
         # When the keep-alives that outranked this replica at the last read lapse (None: none
         # did, or the object could not be read).
         self._until: dt.datetime | None = None
+        self._refused: set[tuple[str, str]] = set()
+        self.takeovers = 0
+        self.on_change: Callable[[], None] | None = None
 
     def active(self, fresh: bool = False) -> bool:
         if self.peering is None:
             return True
+        changed = False
         with self._lock:
             if fresh or time.monotonic() - self._at >= self.ttl:
-                self._answer, self._until = self._read()
+                answer, self._until = self._read()
                 self._at = time.monotonic()
-            return self._answer
+                self._answer = bool(answer)
+                if answer is not None:
+                    if answer and self._known is False:
+                        self.takeovers += 1
+                    changed = answer and (self._known is False or bool(self._refused))
+                    self._known = answer
+            result = self._answer
+        if changed and self.on_change is not None:
+            self.on_change()
+        return result
+
+    def refused(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._refused.add((namespace, name))
+
+    def take_refused(self) -> set[tuple[str, str]]:
+        with self._lock:
+            refused, self._refused = self._refused, set()
+        return refused
 
     def lapse_in(self) -> float | None:
         """Seconds (0 when already past) until the keep-alives that outranked this replica at
@@ -117,7 +150,8 @@ class PeeringGate:
             return None
         return max(0.0, (until - dt.datetime.now(dt.UTC)).total_seconds())
 
-    def _read(self) -> tuple[bool, dt.datetime | None]:
+    def _read(self) -> tuple[bool | None, dt.datetime | None]:
+        """(may act, when the keep-alives outranking us lapse); (None, None): unreadable."""
         now = dt.datetime.now(dt.UTC)
         latest = None
         try:
@@ -127,7 +161,7 @@ class PeeringGate:
                                         now)
                 if until is not None:
                     latest = until if latest is None else max(latest, until)
-        except Exception as error:  # an unreadable peering object means: do not act
+        except Exception as error:
             log.warning("cannot read the peering object (%s); not acting until it can", error)
-            return False, None
+            return None, None
         return latest is None, latest

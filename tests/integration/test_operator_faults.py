@@ -497,14 +497,13 @@ def peers(cluster) -> dict[str, Any]:
     return json.loads(result.stdout).get("status", {}) or {} if result.returncode == 0 else {}
 
 
-def keepalive_lapses_in(cluster, priority: int) -> float:
-    """Seconds until the keep-alive of the replica of this priority lapses."""
+def keepalive_lapses_at(cluster, priority: int) -> dt.datetime:
+    """When the last keep-alive of the replica of this priority lapses (wall clock)."""
     for info in peers(cluster).values():
         if isinstance(info, dict) and info.get("priority") == priority:
             seen = dt.datetime.fromisoformat(info["lastseen"].replace("Z", "+00:00"))
             seen = seen if seen.tzinfo else seen.replace(tzinfo=dt.UTC)
-            return (seen + dt.timedelta(seconds=int(info["lifetime"]))
-                    - dt.datetime.now(dt.UTC)).total_seconds()
+            return seen + dt.timedelta(seconds=int(info["lifetime"]))
     raise AssertionError(f"no keep-alive of priority {priority} in {peers(cluster)}")
 
 
@@ -543,7 +542,7 @@ def test_two_replicas_with_peering_one_acts_and_hands_over(cluster, crd_installe
         # replica's to handle, once the active one's last keep-alive lapses.
         high.kill()
         killed_at = time.monotonic()
-        lapse_s = max(keepalive_lapses_in(cluster, 200), 0.0)
+        lapses_at = keepalive_lapses_at(cluster, 200)   # a dead replica renews nothing
         cluster.kubectl("apply", "-n", namespace, "-f", "-",
                         stdin=json.dumps(document(*PD, step=2)))
         generation = get_json(cluster, "inferencedeployment", "pd", "-n", namespace
@@ -552,15 +551,16 @@ def test_two_replicas_with_peering_one_acts_and_hands_over(cluster, crd_installe
                                   )["status"].get("observedGeneration") == generation,
                  60, interval=0.1, what="the passive replica to take over")
         handover_s = time.monotonic() - killed_at
+        after_lapse_s = (dt.datetime.now(dt.UTC) - lapses_at).total_seconds()
         wait_ready(cluster, namespace, "pd")
         figure(f"peering hand-over after SIGKILL of the active replica: {handover_s:.1f} s, "
-               f"{handover_s - lapse_s:.1f} s after its last keep-alive lapsed (lifetime 20 s)")
+               f"{after_lapse_s:.1f} s after its last keep-alive lapsed (lifetime 20 s)")
         # The passive replica took over on the lapse (not at its next periodic resync, which
-        # in a real deployment may be minutes away), once, and queued the change.
+        # in a real deployment may be minutes away), once, and queued the change: 0.4-0.6 s
+        # after the lapse in runs on the 2-core VM. Both replicas resync every 10 s here, so
+        # without the hand-over the change would wait 0-10 s more (CI once saw 30.1 s in all).
         assert low.metric("heteroserve_operator_handovers_total") == 1
-        # Both replicas resync every 10 s here: without the hand-over on the lapse, the change
-        # would wait up to a resync period more (the failure that was seen: 30.1 s in all).
-        assert handover_s - lapse_s < 10
+        assert after_lapse_s < 5
         assert low.metric("heteroserve_operator_reconciles_total") >= 1
         assert cluster.kubectl("get", "poddisruptionbudget", "pd-decode", "-n", namespace,
                                check=False).returncode != 0   # step 2: one decode replica

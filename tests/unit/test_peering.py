@@ -14,6 +14,9 @@ from heteroserve_operator.handlers import _handover
 from heteroserve_operator.peering import Peering, PeeringGate, outranked_until
 from heteroserve_operator.settings import OperatorSettings
 
+# Each test takes seconds; a hang fails in a minute, not at the suite's ten.
+pytestmark = pytest.mark.timeout(60)
+
 NOW = dt.datetime(2026, 12, 6, 12, 0, 0, tzinfo=dt.UTC)
 
 
@@ -46,9 +49,10 @@ def test_outranked_until_is_the_last_lapse_of_a_live_peer_at_least_our_priority(
 
 
 class FakeKube:
-    """The peering object's status, read by GET; the InferenceDeployments, listed."""
+    """The peering object's status, read by GET (`peers`: a dict, or a function of the read's
+    number from 1, called at the read); the InferenceDeployments, listed."""
 
-    def __init__(self, peers: dict, owners: list[tuple[str, str]] | None = None):
+    def __init__(self, peers, owners: list[tuple[str, str]] | None = None):
         self.peers, self.owners = peers, owners or []
         self.reads, self.fail_reads, self.fail_lists = 0, False, 0
 
@@ -57,7 +61,7 @@ class FakeKube:
         self.reads += 1
         if self.fail_reads:
             raise ConnectionError("apiserver away")
-        return {"status": self.peers}
+        return {"status": self.peers(self.reads) if callable(self.peers) else self.peers}
 
     def list_all_owners(self) -> list[tuple[str, str]]:
         if self.fail_lists:
@@ -71,6 +75,20 @@ def live(priority: int, lapse_in: float) -> dict:
     return keepalive(priority, 20 - lapse_in, now=dt.datetime.now(dt.UTC))
 
 
+def renewed_until(reads: int, lapse_in: float = 0.3):
+    """A peer of priority 200 that renews its keep-alive (lapsing `lapse_in` s ahead) before
+    each of the first `reads` reads, then dies: later reads find its last keep-alive, which
+    lapses. Made at each read, so no margin depends on how fast the test starts."""
+    last: dict = {}
+
+    def peers(read: int) -> dict:
+        if read <= reads:
+            last["other"] = live(200, lapse_in)
+        return dict(last)
+
+    return peers
+
+
 def test_gate_caches_for_its_ttl_reads_fresh_on_demand_and_knows_the_lapse():
     kube = FakeKube({"other": live(200, 15)})
     gate = PeeringGate(kube, Peering("ha", "me", 100), ttl=60)
@@ -79,10 +97,32 @@ def test_gate_caches_for_its_ttl_reads_fresh_on_demand_and_knows_the_lapse():
     kube.peers = {}
     assert gate.active() is False and kube.reads == 1          # cached
     assert gate.active(fresh=True) is True and kube.reads == 2
-    assert gate.lapse_in() is None
+    assert gate.lapse_in() is None and gate.takeovers == 1
     kube.fail_reads = True                                      # unreadable: do not act
     assert gate.active(fresh=True) is False and gate.lapse_in() is None
+    kube.fail_reads = False                                     # a blip is not a take-over
+    assert gate.active(fresh=True) is True and gate.takeovers == 1
     assert PeeringGate(kube, None).active() is True             # no peering: always
+
+
+def test_gate_counts_takeovers_and_keeps_refused_keys_whoever_reads():
+    kube = FakeKube({})
+    gate = PeeringGate(kube, Peering("ha", "me", 100), ttl=0)
+    changes = []
+    gate.on_change = lambda: changes.append(gate.takeovers)
+    assert gate.active() is True and gate.takeovers == 0 and changes == []   # active at start
+    kube.peers = {"other": live(300, 15)}                       # a higher priority joins
+    assert gate.active() is False
+    gate.refused("ns", "a")
+    kube.peers = {}                                             # and leaves
+    assert gate.active() is True and gate.takeovers == 1 and changes == [1]
+    kube.fail_reads = True                                      # a blip while active
+    assert gate.active() is False
+    gate.refused("ns", "b")
+    kube.fail_reads = False
+    assert gate.active() is True and gate.takeovers == 1 and changes == [1, 1]
+    assert gate.take_refused() == {("ns", "a"), ("ns", "b")} and gate.take_refused() == set()
+    assert gate.active() is True and changes == [1, 1]          # nothing new to act on
 
 
 def memo_for(kube: FakeKube, lifetime: int = 20) -> SimpleNamespace:
@@ -96,79 +136,124 @@ def memo_for(kube: FakeKube, lifetime: int = 20) -> SimpleNamespace:
         queued=queued)
 
 
-async def run_until(memo: SimpleNamespace, done, timeout: float) -> float:
-    """Runs the hand-over task until `done()`; returns the seconds it took."""
+def handovers(memo: SimpleNamespace) -> float:
+    return memo.handovers._value.get()
+
+
+async def until(done, within: float, what: str) -> float:
+    """Waits for `done()`; returns the seconds it took."""
     loop = asyncio.get_running_loop()
     started = loop.time()
-    task = asyncio.create_task(_handover(memo))
-    try:
-        while not done():
-            assert loop.time() - started < timeout, "no hand-over"
-            await asyncio.sleep(0.02)
-        return loop.time() - started
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    while not done():
+        assert loop.time() - started < within, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+    return loop.time() - started
+
+
+def with_handover(memo: SimpleNamespace, body) -> None:
+    """Runs the hand-over task beside `body()` (a coroutine function), then cancels it."""
+
+    async def run() -> None:
+        task = asyncio.create_task(_handover(memo))
+        try:
+            await body()
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        assert memo.gate.on_change is None    # the task let go of the gate
+
+    asyncio.run(run())
 
 
 def test_a_passive_replica_takes_over_when_the_keepalive_lapses_and_queues_everything():
     owners = [("a", "one"), ("b", "two")]
-    kube = FakeKube({"other": live(200, 0.5)}, owners)
-    memo = memo_for(kube)   # half a lifetime is 10 s: a hand-over in ~0.75 s is the lapse's
-    took = asyncio.run(run_until(memo, lambda: memo.handovers._value.get() == 1, timeout=5))
-    assert 0.5 <= took < 5
+    kube = FakeKube(renewed_until(reads=1), owners)
+    memo = memo_for(kube)   # half a lifetime is 10 s: a hand-over within 5 s is the lapse's
+
+    async def body() -> None:
+        await until(lambda: handovers(memo) == 1, 5, "the hand-over")
+        assert kube.reads == 2    # the start's read (outranked), then one 0.25 s after the lapse
+
+    with_handover(memo, body)
     assert memo.queued == owners
 
 
-async def next_look(kube: FakeKube, within: float) -> None:
-    """Until the next read of the peering object (failing after `within` seconds)."""
-    loop = asyncio.get_running_loop()
-    reads, started = kube.reads, loop.time()
-    while kube.reads == reads:
-        assert loop.time() - started < within, "the hand-over task stopped looking"
-        await asyncio.sleep(0.01)
-
-
 def test_a_renewed_keepalive_keeps_the_replica_passive():
-    kube = FakeKube({"other": live(200, 0.5)}, [("a", "one")])
+    kube = FakeKube(renewed_until(reads=3), [("a", "one")])
     memo = memo_for(kube)
+    at_reads = []
 
-    async def renew_three_times_then_leave() -> list[float]:
-        waiter = asyncio.create_task(run_until(
-            memo, lambda: memo.handovers._value.get() == 1, timeout=10))
-        handovers_at_looks = []
-        for _ in range(3):
-            await next_look(kube, within=5)
-            handovers_at_looks.append(memo.handovers._value.get())
-            # The peer renews just after each look, 1.5 s ahead: the next look (0.25 s after
-            # the lapse seen) finds the renewal, live for another 0.5 s or more.
-            kube.peers = {"other": live(200, 1.5)}
-        kube.peers = {}   # then it leaves
-        await waiter
-        return handovers_at_looks
+    async def body() -> None:
+        for read in (1, 2, 3):
+            await until(lambda read=read: kube.reads >= read, 5, f"read {read}")
+            at_reads.append(handovers(memo))
+        await until(lambda: handovers(memo) == 1, 5, "the hand-over")
 
-    # Passive at every look while renewed; one hand-over once it left, everything queued once.
-    assert asyncio.run(renew_three_times_then_leave()) == [0, 0, 0]
-    assert memo.handovers._value.get() == 1
+    with_handover(memo, body)
+    # Passive at every renewed read; one hand-over at the fourth, everything queued once.
+    assert at_reads == [0, 0, 0] and kube.reads == 4
     assert memo.queued == [("a", "one")]
 
 
-def test_a_failed_listing_is_retried_and_an_active_replica_never_hands_over():
-    kube = FakeKube({"other": live(200, 0.2)}, [("a", "one")])
+def test_a_failed_listing_is_retried():
+    kube = FakeKube(renewed_until(reads=1), [("a", "one")])
     kube.fail_lists = 1
     memo = memo_for(kube)
-    asyncio.run(run_until(memo, lambda: memo.handovers._value.get() == 1, timeout=8))
-    assert memo.queued == [("a", "one")]      # queued once, by the retry
 
-    kube = FakeKube({}, [("a", "one")])       # active from the start: nothing to take over
-    memo = memo_for(kube, lifetime=1)         # looks every 0.5 s
+    async def body() -> None:
+        await until(lambda: handovers(memo) == 1, 8, "the hand-over, retried")
 
-    async def looks(n: int) -> None:
-        task = asyncio.create_task(_handover(memo))
-        for _ in range(n):
-            await next_look(kube, within=5)
-        task.cancel()
+    with_handover(memo, body)
+    assert memo.queued == [("a", "one")] and kube.fail_lists == 0
 
-    asyncio.run(looks(4))
-    assert memo.handovers._value.get() == 0 and memo.queued == []
+
+def test_an_active_replica_paused_briefly_between_its_looks_acts_on_what_was_refused():
+    # Half a lifetime is 10 s: the pause begins and ends between two of the task's looks, seen
+    # only by a reconcile's reads, which wake the task.
+    kube = FakeKube({}, [("a", "one"), ("b", "two")])
+    memo = memo_for(kube)
+    gate = memo.gate
+
+    async def body() -> None:
+        await until(lambda: kube.reads == 1, 5, "the task's first look")
+        loop = asyncio.get_running_loop()
+        kube.peers = {"other": live(300, 15)}            # a replica of higher priority joins
+        assert await loop.run_in_executor(None, lambda: gate.active(fresh=True)) is False
+        gate.refused("a", "one")                          # a reconcile refused meanwhile
+        kube.peers = {}                                   # it leaves cleanly (lifetime 0)
+        assert await loop.run_in_executor(None, lambda: gate.active(fresh=True)) is True
+        await until(lambda: handovers(memo) == 1, 5, "the hand-over after the pause")
+
+    with_handover(memo, body)
+    assert memo.queued == [("a", "one"), ("b", "two")]
+
+
+def test_an_active_replica_queues_again_what_an_unreadable_object_refused_not_a_handover():
+    kube = FakeKube({}, [("a", "one"), ("b", "two")])
+    memo = memo_for(kube)
+    gate = memo.gate
+
+    async def body() -> None:
+        await until(lambda: kube.reads == 1, 5, "the task's first look")
+        loop = asyncio.get_running_loop()
+        kube.fail_reads = True
+        assert await loop.run_in_executor(None, lambda: gate.active(fresh=True)) is False
+        gate.refused("b", "two")
+        kube.fail_reads = False
+        assert await loop.run_in_executor(None, lambda: gate.active(fresh=True)) is True
+        await until(lambda: memo.queued, 5, "the refused key queued again")
+
+    with_handover(memo, body)
+    assert memo.queued == [("b", "two")] and handovers(memo) == 0
+
+
+def test_an_active_replica_never_hands_over():
+    kube = FakeKube({}, [("a", "one")])
+    memo = memo_for(kube, lifetime=1)   # looks every 0.5 s
+
+    async def body() -> None:
+        await until(lambda: kube.reads >= 4, 5, "four looks")
+
+    with_handover(memo, body)
+    assert handovers(memo) == 0 and memo.queued == []
