@@ -16,7 +16,9 @@ warm-up, then the prompt in one call (the engine runs it in sub-steps of 128 tok
 sequence's first D positions filled by prefill in chunks of 256 first: long-context decode, the
 attention over D positions). Figures: milliseconds per call
 (prefill) or per step (decode) for each phase, "other" being the step minus its phases (Python,
-sampling, the call itself).
+sampling, the call itself); and for batched decode steps the strips (16 weight rows) of their
+products a thread took from another's share once its own were done (model.c's work stealing:
+how unevenly the threads got through their shares), of all the step's strips.
 
 Before/after: `--baseline REV` runs every configuration also on the CPU engine of revision REV
 (tests/bench/baseline.py builds it once into ~/.cache/heteroserve/baseline), the two builds in
@@ -63,16 +65,23 @@ def worker(path: str, threads: int, prompts: list[int], batches: list[int], step
                             array("i", logits_at), [0.0] * rows, [0] * rows, [1.0] * rows,
                             [0] * rows)[0]
 
+    def strips():  # (all, taken from another thread) so far; None: a build before them
+        return getattr(model, "strips", None)
+
     def timed(label, calls, fn):
         model.set_profiling(True)
+        before = strips()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         wall = (time.perf_counter() - start) / calls
+        after = strips()
         phases = {k: v / calls for k, v in model.profile.items()}
         model.set_profiling(False)
         phases["other"] = max(0.0, wall - sum(phases.values()))
-        return {"label": label, "wall": wall, "phases": phases}
+        taken = None if before is None else [(a - b) / calls for a, b in zip(after, before,
+                                                                             strict=True)]
+        return {"label": label, "wall": wall, "phases": phases, "strips": taken}
 
     rows = []
     for n in prompts:
@@ -108,8 +117,24 @@ def median_rows(samples: list[dict]) -> dict:
                      "wall": statistics.median(r["wall"] for r in each),
                      "walls": (min(r["wall"] for r in each), max(r["wall"] for r in each)),
                      "phases": {p: statistics.median(r["phases"][p] for r in each)
-                                for p in row["phases"]}})
+                                for p in row["phases"]},
+                     "strips": strip_medians([r.get("strips") for r in each])})
     return {"variant": samples[0]["variant"], "rows": rows}
+
+
+def strip_medians(samples: list) -> list[float] | None:
+    """[strips a step, of them taken from another thread]: medians over the processes, or
+    None where a build has no work stealing (before it: no count)."""
+    if any(s is None for s in samples):
+        return None
+    return [statistics.median(s[i] for s in samples) for i in range(2)]
+
+
+def strips_cell(strips: list[float] | None) -> str:
+    """The table's cell: strips taken from another thread of all the step's batched strips."""
+    if not strips or not strips[0]:
+        return "-"
+    return f"{strips[1]:.0f} of {strips[0]:.0f} ({100 * strips[1] / strips[0]:.1f} %)"
 
 
 def run_order(builds: list, configs: list[str], repeats: int) -> list[tuple]:
@@ -177,15 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     phases = list(next(iter(results.values()))["rows"][0]["phases"])
     for i, label in enumerate(labels):
         print(f"### {label}\n")
-        print("| config | tok/s | tok/s range | ms | " + " | ".join(phases) + " |")
-        print("|---|---|---|---|" + "---|" * len(phases))
+        print("| config | tok/s | tok/s range | ms | " + " | ".join(phases)
+              + " | strips taken a step |")
+        print("|---|---|---|---|" + "---|" * len(phases) + "---|")
         for config, res in results.items():
             row = res["rows"][i]
             cells = " | ".join(f"{1e3 * row['phases'][p]:.2f}" for p in phases)
             fastest, slowest = row["walls"]
             spread = f"{row['tokens'] / slowest:.1f}-{row['tokens'] / fastest:.1f}"
             print(f"| {config} | {row['tokens'] / row['wall']:.1f} | {spread} | "
-                  f"{1e3 * row['wall']:.2f} | {cells} |")
+                  f"{1e3 * row['wall']:.2f} | {cells} | {strips_cell(row.get('strips'))} |")
         print()
     return 0
 

@@ -4,6 +4,7 @@ next-token agreement with llama.cpp on the same GGUF."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import heteroserve_cpu as hc
@@ -207,6 +208,35 @@ def test_amx_decode_of_few_sequences_is_avx512vnni_bit_for_bit(sequences):
                  for i in range(12)]
         outs.append(np.stack(steps))
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def decode_steps(model, sequences: int, steps: int = 4) -> np.ndarray:
+    """Logits of `steps` decode steps of `sequences` sequences (one token each, fixed ids)."""
+    model.alloc_kv(sequences, 16)
+    seqs = np.arange(sequences, dtype=np.int32)
+    tables = seqs.reshape(sequences, 1)
+    ids = np.random.default_rng(sequences).integers(0, 49152, size=(steps, sequences))
+    return np.stack([model.forward(ids[i].astype(np.int32), np.full(sequences, i, np.int32),
+                                   seqs, tables, seqs) for i in range(steps)])
+
+
+def test_batched_decode_threads_take_each_others_strips_and_keep_every_bit(monkeypatch):
+    # Batched decode products hand out their weight rows in strips; a thread done with its own
+    # takes the others' last ones (model.c's work stealing). Here the caller runs on any CPU and
+    # its 7 workers share one, so it finishes first and takes theirs: the strips taken must be
+    # counted, and every logit must be the one-thread pool's (which takes none).
+    monkeypatch.setenv("HETEROSERVE_POOL_SPIN_US", "0")  # the workers sharing a CPU park at once
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    alone = load_model(default_model(), hc.Pool([], 1))[0]
+    crowded = load_model(default_model(), hc.Pool([cpu] * 8, 8, pin_caller=False))[0]
+    for sequences in (2, 8, 16, 21):
+        np.testing.assert_array_equal(decode_steps(crowded, sequences),
+                                      decode_steps(alone, sequences))
+    total, stolen = crowded.strips
+    layer = sum(-(-rows // 16) for rows in (576, 192, 192, 576, 1536, 1536, 576))  # SmolLM2's
+    assert total == 4 * 4 * (30 * layer + 49152 // 16)  # 4 steps of 4 batches: layers and head
+    assert 0 < stolen < total
+    assert alone.strips == (0, 0)  # one thread: the static split, nothing to take
 
 
 def test_tied_head_streams_the_whole_embedding_table_per_token(loaded):

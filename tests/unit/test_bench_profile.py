@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench.cpu_engine_profile import main, median_rows, run_order
+from tests.bench.cpu_engine_profile import main, median_rows, run_order, strip_medians, strips_cell
 
 
 def sample(wall: float, attention: float) -> dict:
@@ -44,3 +44,10 @@ def test_the_builds_take_turns_going_first():
         ("working tree", "amx"), ("working tree", "avx512vnni"), ("base", "amx"),
         ("base", "avx512vnni")]
     assert run_order([("", None)], ["amx"], 0) == [("", None, "amx")]  # at least one
+
+
+def test_strips_taken_are_medians_and_absent_for_a_build_without_them():
+    assert strip_medians([[100, 3], [100, 9], [100, 5]]) == [100, 5]
+    assert strip_medians([[100, 3], None]) is None
+    assert strips_cell([1200, 30]) == "30 of 1200 (2.5 %)"
+    assert strips_cell(None) == "-" and strips_cell([0, 0]) == "-"  # batch 1: no strips

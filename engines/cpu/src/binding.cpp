@@ -277,6 +277,11 @@ struct Model {
         for (int i = 0; i < count; i++) out[names[i]] = secs[i];
         return out;
     }
+    nb::tuple strips() const {
+        unsigned long long stolen;
+        const unsigned long long total = hs_model_strips(m, &stolen);
+        return nb::make_tuple(total, stolen);
+    }
     size_t weight_bytes() const { return hs_model_weight_bytes(m); }
     size_t token_bytes() const { return hs_model_token_bytes(m); }
     size_t kv_bytes() const { return hs_model_kv_bytes(m); }
@@ -374,6 +379,9 @@ NB_MODULE(_kernels, mod) {
         .def("set_profiling", &Model::set_profiling, nb::arg("on"),
              "turn per-phase step timing on or off; either way the sums start from zero")
         .def_prop_ro("profile", &Model::profile, "seconds per step phase while profiling")
+        .def_prop_ro("strips", &Model::strips,
+                     "(strips of batched decode products so far, how many a thread took from "
+                     "another's share)")
         .def_prop_ro("weight_bytes", &Model::weight_bytes)
         .def_prop_ro("token_bytes", &Model::token_bytes)
         .def_prop_ro("kv_bytes", &Model::kv_bytes);

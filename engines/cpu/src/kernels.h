@@ -21,7 +21,10 @@ typedef void (*hs_mm_fn)(int nb, const void *w, size_t wstride, int nrows, const
 
 /* Products of 16 or more activation rows on a matrix unit in int8 (AMX tiles): nrows weight rows
  * x ncols activation rows of mm_*'s layouts, any sizes. Returns how many leading activation rows
- * it computed (a multiple of its tile width, possibly 0); the caller computes the rest with mm_*. */
+ * it computed (a multiple of its tile width, possibly 0); the caller computes the rest with mm_*.
+ * `a` NULL: the same activation rows as this thread's previous call (same nb and ncols), not
+ * converted again - for a caller that takes a product's weight rows in several pieces (model.c's
+ * work stealing); 0 where that call computed none. */
 typedef int (*hs_wide8_fn)(int nb, const void *w, size_t wstride, int nrows, const void *a,
                            size_t astride, int ncols, float *out, size_t ostride);
 

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -18,6 +19,13 @@ enum { P_EMBED, P_NORM, P_QKV, P_ROPE_KV, P_ATTN, P_WO, P_GATE_UP, P_SWIGLU, P_D
 static const char *const phase_names[P_COUNT] = {
     "embed", "norm", "qkv", "rope_kv", "attention", "o_proj", "gate_up", "swiglu", "down",
     "logits"};
+
+/* One thread's share of a batched product's weight rows, in strips of STEAL_ROWS: [begin, end)
+ * in one word, so that its owner (from the front) and the other threads (from the back) claim
+ * strips with one compare-and-swap each. A cache line of its own. */
+struct steal_range {
+    _Alignas(64) _Atomic unsigned long long strips;
+};
 
 struct hs_model {
     hs_config c;
@@ -47,6 +55,9 @@ struct hs_model {
     void *qa;              /* quantized activations: the kernel table's layout */
     void *wa;              /* activations packed for the wide products (wide_pack), or NULL */
     int wide_min;          /* activation rows from which products go to the wide kernel */
+    struct steal_range *ranges; /* [3][threads]: batched products' strips (matmul_steal_task) */
+    unsigned long long strips;  /* strips of those products so far, */
+    _Atomic unsigned long long stolen; /* and how many of them a thread took from another */
     int profiling;
     double profile[P_COUNT];
 };
@@ -99,6 +110,8 @@ hs_model *hs_model_create(const hs_config *config, hs_pool *pool, const hs_kerne
     m->k = kernels;
     m->nrc = (nrc == 1 || nrc == 2 || nrc == 4) ? nrc : 0;
     m->wide_min = hs_wide_min_rows();
+    /* (NULL: every product takes the static split) */
+    m->ranges = aligned(3 * (size_t)hs_pool_size(pool) * sizeof(struct steal_range));
     m->layers = calloc((size_t)config->n_layer, sizeof(hs_layer));
     m->inv_freq = malloc(sizeof(float) * (size_t)(config->head_dim / 2));
     for (int i = 0; i < config->head_dim / 2; i++)
@@ -122,7 +135,7 @@ void hs_model_destroy(hs_model *m) {
     free(m->output_norm);
     free(m->k_cache); free(m->v_cache);
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
-    free(m->gate); free(m->up); free(m->qa); free(m->wa);
+    free(m->gate); free(m->up); free(m->qa); free(m->wa); free(m->ranges);
     free(m->attn_first); free(m->attn_block); free(m->attn_part); free(m->partial);
     free(m->span_acc); free(m->attn_packed);
     free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
@@ -345,6 +358,8 @@ typedef struct {
     size_t qa_stride;
     const float *x;        /* float activations (f16/f32 weights) */
     const char *wa;        /* the activations packed for k->wide, or NULL: the register tiles */
+    struct steal_range *ranges; /* set: the threads take strips (matmul_steal_task) */
+    _Atomic unsigned long long *stolen; /* counts the strips taken from another thread */
 } matmul_ctx;
 
 /* Activation rows per pass over a thread's weight rows in batched products: the packed
@@ -354,7 +369,8 @@ typedef struct {
  * rows up to the variant's mm_cols where it sets one). */
 #define MM_TILE 4
 
-static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1) {
+static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, int r0, int r1,
+                             int *gathered) {
     const int nb = w->cols / HS_QK;
     const hs_mm_fn mm = w->type == HS_Q4_0 ? t->k->mm_q4_0 : w->type == HS_Q4_1 ? t->k->mm_q4_1
                       : t->k->mm_q8_0;
@@ -376,11 +392,16 @@ static void matmul_quantized(const matmul_ctx *t, const hs_mat *w, float *out, i
     for (int c0 = 0; c0 < t->n; c0 += COL_CHUNK) {
         const int c1 = t->n - c0 < COL_CHUNK ? t->n : c0 + COL_CHUNK;
         int i0 = c0;
-        if (wide8 && r1 > r0 && c1 - c0 >= HS_WIDE8_MIN) /* int8 tile-unit products first; the
-                                                        * columns they leave, below */
+        if (wide8 && r1 > r0 && c1 - c0 >= HS_WIDE8_MIN) { /* int8 tile-unit products first;
+                                                          * the columns they leave, below */
+            /* (a thread that takes its rows in strips converts the activations once: the
+             * later calls pass NULL, hs_wide8_fn; only with one chunk of columns) */
+            const int again = gathered && *gathered;
             i0 += wide8(nb, data + (size_t)r0 * w->row_bytes, w->row_bytes, r1 - r0,
-                        t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
+                        again ? NULL : t->qa + (size_t)c0 * t->qa_stride, t->qa_stride, c1 - c0,
                         out + (size_t)c0 * w->rows + r0, (size_t)w->rows);
+            if (gathered) *gathered = 1;
+        }
         if (i0 >= c1) continue;
         const int ct = t->k->mm_cols ? t->k->mm_cols : MM_TILE;
         for (int r = r0; r < r1; r += MM_TILE) {
@@ -398,7 +419,7 @@ static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int it
     hs_split(w->rows, t->wa && is_quantized(w->type) ? HS_WIDE_ROWS : tile_rows(t->nrc, w), ith,
              nth, &r0, &r1);
     if (is_quantized(w->type)) {
-        matmul_quantized(t, w, out, r0, r1);
+        matmul_quantized(t, w, out, r0, r1, NULL);
         return;
     }
     for (int r = r0; r < r1; r++) /* f16/f32 weights (small tensors of some files) */
@@ -413,6 +434,68 @@ static void matmul_rows(const matmul_ctx *t, const hs_mat *w, float *out, int it
 static void matmul_task(void *p, int ith, int nth) {
     const matmul_ctx *t = p;
     for (int i = 0; i < 3 && t->w[i]; i++) matmul_rows(t, t->w[i], t->out[i], ith, nth);
+}
+
+/* Batched products (2 to COL_CHUNK activation rows: decode steps of several sequences) take
+ * their weight rows in strips of STEAL_ROWS, the int8 tile path's strip. Each thread starts with
+ * the rows the static split gives it (the rows it touched first at load: its NUMA node's), from
+ * the front, one strip at a time; once its own are done it takes the other threads' last strips,
+ * from the back. A thread slowed down (a vCPU that gets less of its core, an interrupt) then no
+ * longer holds up the whole product: every product ends in a barrier. Which thread computes a
+ * row changes none of its bits (each row's sums are its own). */
+#define STEAL_ROWS 16
+
+static int claim_front(struct steal_range *r, int *strip) {
+    unsigned long long v = atomic_load_explicit(&r->strips, memory_order_relaxed);
+    for (;;) {
+        const unsigned b = (unsigned)(v >> 32), e = (unsigned)v;
+        if (b >= e) return 0;
+        if (atomic_compare_exchange_weak_explicit(&r->strips, &v, v + (1ULL << 32),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *strip = (int)b;
+            return 1;
+        }
+    }
+}
+
+static int claim_back(struct steal_range *r, int *strip) {
+    unsigned long long v = atomic_load_explicit(&r->strips, memory_order_relaxed);
+    for (;;) {
+        const unsigned b = (unsigned)(v >> 32), e = (unsigned)v;
+        if (b >= e) return 0;
+        if (atomic_compare_exchange_weak_explicit(&r->strips, &v, v - 1, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *strip = (int)e - 1;
+            return 1;
+        }
+    }
+}
+
+static void steal_strip(const matmul_ctx *t, int i, int strip, int *gathered) {
+    const hs_mat *w = t->w[i];
+    const int r0 = strip * STEAL_ROWS, r1 = r0 + STEAL_ROWS < w->rows ? r0 + STEAL_ROWS : w->rows;
+    matmul_quantized(t, w, t->out[i], r0, r1, gathered);
+}
+
+static void matmul_steal_task(void *p, int ith, int nth) {
+    const matmul_ctx *t = p;
+    int gathered = 0, strip;
+    for (int i = 0; i < 3 && t->w[i]; i++)
+        while (claim_front(&t->ranges[i * nth + ith], &strip)) steal_strip(t, i, strip, &gathered);
+    for (int i = 0; i < 3 && t->w[i]; i++)
+        for (int d = 1; d < nth; d++)
+            while (claim_back(&t->ranges[i * nth + (ith + d) % nth], &strip)) {
+                atomic_fetch_add_explicit(t->stolen, 1, memory_order_relaxed);
+                steal_strip(t, i, strip, &gathered);
+            }
+}
+
+/* Whether a product of n activation rows takes its strips as matmul_steal_task does: batched,
+ * quantized, every activation row in one chunk of columns (the int8 tile path's activations
+ * converted once a thread), not the bf16 wide path, more than one thread. */
+static int steals(const hs_model *m, int n, const hs_mat *w, const char *wa) {
+    return m->ranges && n > 1 && n <= COL_CHUNK && !wa && is_quantized(w->type) &&
+           hs_pool_size(m->pool) > 1;
 }
 
 /* Prepares n activation rows of `cols` values for the products: quantized into the table's
@@ -468,7 +551,25 @@ static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, con
     const size_t stride = m->k->act_bytes(cols);
     char *wa = m->wa && n >= m->wide_min && is_quantized(w0->type) ? m->wa : NULL;
     prepare_rows(m->pool, m->k, n, x, cols, !ready, m->qa, stride, wa);
-    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x, wa};
+    matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x, wa, NULL,
+                    &m->stolen};
+    if (steals(m, n, w0, wa)) {
+        const int nth = hs_pool_size(m->pool);
+        const hs_mat *ws[3] = {w0, w1, w2};
+        for (int i = 0; i < 3 && ws[i]; i++) {
+            const int strips = (ws[i]->rows + STEAL_ROWS - 1) / STEAL_ROWS;
+            m->strips += (unsigned long long)strips;
+            for (int j = 0; j < nth; j++) {
+                int b, e;
+                hs_split(strips, 1, j, nth, &b, &e);
+                atomic_store_explicit(&m->ranges[i * nth + j].strips,
+                                      (unsigned long long)b << 32 | (unsigned)e, memory_order_relaxed);
+            }
+        }
+        t.ranges = m->ranges; /* (hs_pool_run's posting publishes the stores) */
+        hs_pool_run(m->pool, matmul_steal_task, &t);
+        return;
+    }
     hs_pool_run(m->pool, matmul_task, &t);
 }
 
@@ -486,7 +587,8 @@ void hs_matmul(hs_pool *pool, const hs_kernels *k, int nrc, const hs_mat *w, int
     char *wa = k->wide && n >= hs_wide_min_rows() && is_quantized(w->type)
              ? aligned(wide_groups(n) * k->wide_group_bytes(w->cols)) : NULL;
     if (is_quantized(w->type)) prepare_rows(pool, k, n, x, w->cols, 1, qa, stride, wa);
-    matmul_ctx t = {k, nrc, n, {&packed, NULL, NULL}, {out, NULL, NULL}, qa, stride, x, wa};
+    matmul_ctx t = {k, nrc, n, {&packed, NULL, NULL}, {out, NULL, NULL}, qa, stride, x, wa, NULL,
+                    NULL};
     hs_pool_run(pool, matmul_task, &t);
     if (packed.data != w->data) free(packed.data);
     free(qa);
@@ -875,6 +977,11 @@ static double seconds(void) {
         __VA_ARGS__;                                                                           \
         if (m->profiling) m->profile[p] += seconds() - t0_;                                    \
     } while (0)
+
+unsigned long long hs_model_strips(const hs_model *m, unsigned long long *stolen) {
+    *stolen = atomic_load_explicit(&m->stolen, memory_order_relaxed);
+    return m->strips;
+}
 
 void hs_model_set_profiling(hs_model *m, int on) {
     m->profiling = on != 0;

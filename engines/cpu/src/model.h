@@ -70,6 +70,10 @@ int hs_model_forward(hs_model *model, int n, const int32_t *tokens, const int32_
  * Off by default (two clock reads per phase when on). */
 void hs_model_set_profiling(hs_model *model, int on);
 int hs_model_profile(const hs_model *model, const char *const **names, const double **seconds);
+/* Strips (16 weight rows) of the batched decode products so far, and in *stolen how many of them
+ * a thread took from another's share once its own were done (model.c's work stealing): how
+ * unevenly the threads got through their shares. */
+unsigned long long hs_model_strips(const hs_model *model, unsigned long long *stolen);
 
 /* 64-byte aligned memory (free with free()); from 2 MiB up, 2 MiB aligned and advised onto
  * transparent huge pages. Weights, the KV cache and the bandwidth probe use it. */

@@ -303,6 +303,7 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
     if (!done) return 0;
     const size_t need = (size_t)nb * (size_t)groups;
     if (need > scratch_blocks) {
+        if (!a) return 0; /* (a NULL: the rows this thread's last call gathered, hs_wide8_fn) */
         free(scratch);
         if (posix_memalign((void **)&scratch, 64, sizeof(amx_block) * need) != 0) {
             scratch = NULL;
@@ -314,7 +315,7 @@ static inline __attribute__((always_inline)) int wide8(int kind, int nb, const v
     configure_tiles_i8();
     /* Every group of AMX_N activation rows gathered first, then each weight strip meets all of
      * them in turn while it is still in L1/L2 (the matrix is read from memory once). */
-    for (int c = 0; c < groups; c++)
+    for (int c = 0; a && c < groups; c++)
         gather_blocks(nb, (const char *)a + (size_t)c * AMX_N * astride, astride,
                       scratch + (size_t)c * nb);
     const size_t qbytes = kind == Q8_0 ? 32 : 16, tail = (size_t)nb * (kind == Q4_1 ? 4 : 2);

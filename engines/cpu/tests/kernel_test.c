@@ -458,6 +458,57 @@ static void test_partial_groups(hs_pool *const pools[2], unsigned *seed) {
     }
 }
 
+/* The int8 tile products (wide8_*) of a matrix taken in pieces, as model.c's work stealing
+ * takes them: the first call converts the activation rows, the later ones pass NULL and use
+ * that conversion - every bit the same as one call over all the rows (20 weight rows: a strip
+ * of 16 and one of 4 taken last; 37 activation rows: two groups of 16, the 5 left to the
+ * caller). A NULL call whose thread converted fewer rows than it asks for computes none. */
+static void test_wide8_pieces(unsigned *seed) {
+    enum { R = 52, N = 37, COLS = 18 * HS_QK };
+    const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1};
+    for (int v = 0; v < NAMES; v++) {
+        const hs_kernels *k = hs_kernels_by_name(names[v]);
+        if (!k || !k->wide8_q4_0) continue;
+        float *w = malloc(sizeof(float) * R * COLS), *x = malloc(sizeof(float) * N * COLS);
+        for (int i = 0; i < R * COLS; i++) w[i] = frand(seed);
+        for (int i = 0; i < N * COLS; i++) x[i] = frand(seed);
+        const size_t as = k->act_bytes(COLS);
+        char *a = aligned_alloc(64, (as * N + 63) / 64 * 64);
+        for (int c = 0; c < N; c++) k->quantize_act(x + (size_t)c * COLS, a + (size_t)c * as, COLS);
+        for (int ti = 0; ti < 3; ti++) {
+            const int type = types[ti], nb = COLS / HS_QK;
+            const size_t rb = hs_row_bytes(type, COLS);
+            char *q = quantized_rows(type, w, R, COLS, seed), *packed = malloc(rb * R);
+            for (int r = 0; r < R; r++)
+                if (k->pack_row) k->pack_row(type, q + r * rb, packed + r * rb, COLS);
+                else memcpy(packed + r * rb, q + r * rb, rb);
+            hs_wide8_fn f = type == HS_Q4_0 ? k->wide8_q4_0 : type == HS_Q4_1 ? k->wide8_q4_1
+                          : k->wide8_q8_0;
+            float whole[N * R], pieces[N * R];
+            memset(whole, 0xff, sizeof whole);
+            memset(pieces, 0xff, sizeof pieces);
+            const int done = f(nb, packed, rb, R, a, as, N, whole, R);
+            /* rows 32-51 first (converting), then 0-15 and 16-31 on that conversion */
+            const int d0 = f(nb, packed + 32 * rb, rb, 20, a, as, N, pieces + 32, R);
+            const int d1 = f(nb, packed, rb, 16, NULL, 0, N, pieces, R);
+            const int d2 = f(nb, packed + 16 * rb, rb, 16, NULL, 0, N, pieces + 16, R);
+            int same = done == 32 && d0 == done && d1 == done && d2 == done;
+            for (int c = 0; same && c < done; c++)
+                same &= memcmp(whole + c * R, pieces + c * R, sizeof(float) * R) == 0;
+            char what[96];
+            snprintf(what, sizeof what, "wide8 type %d in pieces (the activations converted once)", type);
+            check(same, what, k->name);
+            /* more rows of activations than the last conversion held: none computed */
+            const int more = f(nb * 2, packed, rb / 2, 16, NULL, 0, N, pieces, R);
+            snprintf(what, sizeof what, "wide8 type %d: NULL past the last conversion", type);
+            check(more == 0, what, k->name);
+            free(q);
+            free(packed);
+        }
+        free(w); free(x); free(a);
+    }
+}
+
 /* The pool (threadpool.c): every run reaches every thread once, and what its threads wrote is
  * seen by the caller when hs_pool_run returns; with the default spin and with none
  * (HETEROSERVE_POOL_SPIN_US=0: every wait parks on a futex, the caller's and the workers'), and
@@ -538,6 +589,8 @@ int main(void) {
     check(err < 1.0f / 127 + 1e-3f, "q8_0 round trip", "reference");
 
     test_pool();
+    unsigned pieces_seed = 11; /* (its own: the later tests' data stays as it was) */
+    test_wide8_pieces(&pieces_seed);
     hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
     const hs_kernels *ref = &hs_kernels_ref;
     const int types[] = {HS_Q8_0, HS_Q4_0, HS_Q4_1}, batches[] = {1, 3, 6, 21, N};
