@@ -438,8 +438,8 @@ static void matmul_task(void *p, int ith, int nth) {
 
 /* Batched products (2 to COL_CHUNK activation rows: decode steps of several sequences) take
  * their weight rows in strips of STEAL_ROWS, the int8 tile path's strip. Each thread starts with
- * the rows the static split gives it (the rows it touched first at load: its NUMA node's), from
- * the front, one strip at a time; once its own are done it takes the other threads' last strips,
+ * the strips of the static split (the rows it touched first at load, its NUMA node's, to within
+ * a strip), from the front, one at a time; once its own are done it takes the other threads' last strips,
  * from the back. A thread slowed down (a vCPU that gets less of its core, an interrupt) then no
  * longer holds up the whole product: every product ends in a barrier. Which thread computes a
  * row changes none of its bits (each row's sums are its own). */
@@ -491,11 +491,13 @@ static void matmul_steal_task(void *p, int ith, int nth) {
 }
 
 /* Whether a product of n activation rows takes its strips as matmul_steal_task does: batched,
- * quantized, every activation row in one chunk of columns (the int8 tile path's activations
- * converted once a thread), not the bf16 wide path, more than one thread. */
-static int steals(const hs_model *m, int n, const hs_mat *w, const char *wa) {
-    return m->ranges && n > 1 && n <= COL_CHUNK && !wa && is_quantized(w->type) &&
-           hs_pool_size(m->pool) > 1;
+ * every matrix quantized, every activation row in one chunk of columns (the int8 tile path's
+ * activations converted once a thread), not the bf16 wide path, more than one thread. */
+static int steals(const hs_model *m, int n, const hs_mat *const w[3], const char *wa) {
+    if (!m->ranges || n < 2 || n > COL_CHUNK || wa || hs_pool_size(m->pool) < 2) return 0;
+    for (int i = 0; i < 3 && w[i]; i++)
+        if (!is_quantized(w[i]->type)) return 0;
+    return 1;
 }
 
 /* Prepares n activation rows of `cols` values for the products: quantized into the table's
@@ -553,9 +555,9 @@ static void matmul3(hs_model *m, int n, const float *x, int cols, int ready, con
     prepare_rows(m->pool, m->k, n, x, cols, !ready, m->qa, stride, wa);
     matmul_ctx t = {m->k, m->nrc, n, {w0, w1, w2}, {o0, o1, o2}, m->qa, stride, x, wa, NULL,
                     &m->stolen};
-    if (steals(m, n, w0, wa)) {
+    const hs_mat *const ws[3] = {w0, w1, w2};
+    if (steals(m, n, ws, wa)) {
         const int nth = hs_pool_size(m->pool);
-        const hs_mat *ws[3] = {w0, w1, w2};
         for (int i = 0; i < 3 && ws[i]; i++) {
             const int strips = (ws[i]->rows + STEAL_ROWS - 1) / STEAL_ROWS;
             m->strips += (unsigned long long)strips;
