@@ -9,10 +9,11 @@ must be identical, from it they differ (the tile unit's products).
 adds a column: the working tree's amx against REV's amx on the same steps, run in a child process
 with that engine (tests/bench/baseline.py). A change that should keep every bit of the model's
 decode steps (a refactor of model.c, a kernel's new instruction order) must read "identical" in
-every row. Exit status 1 where it does not.
+every row. Exit status 1 where it does not. `--variant V --baseline REV` makes the same check for
+another variant (avx512vnni, avx2, ...: on a CPU without AMX too), its column alone.
 
     python3 -m tests.bench.amx_decode_bits [--tokenizer JSON] [--sequences 3,8,15,16,20,23,24]
-        [--baseline REV] [--threads N]
+        [--baseline REV] [--threads N] [--variant amx]
 """
 
 from __future__ import annotations
@@ -66,26 +67,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sequences", default="3,8,15,16,20,23,24")
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--baseline", metavar="REV", help="also against REV's amx, bit for bit")
+    ap.add_argument("--variant", default="amx",
+                    help="the variant compared against REV's (another than amx: --baseline only)")
     ap.add_argument("--dump", help=argparse.SUPPRESS)  # the baseline child: amx's steps, as npz
     args = ap.parse_args(argv)
+    variant = args.variant
     try:
         counts = [int(n) for n in args.sequences.split(",")]
     except ValueError:
         ap.error(f"--sequences: comma-separated counts, not {args.sequences!r}")
     if not counts or min(counts) < 1 or len(set(counts)) != len(counts) or args.threads < 1:
         ap.error("--sequences: distinct counts of 1 or more; --threads: 1 or more")
+    if variant != "amx" and not args.baseline and not args.dump:
+        ap.error("--variant: another variant than amx is compared against --baseline REV only")
     if args.dump:  # in the child, with the baseline's engine
         baseline.use()
         arrays = {}
         for spec in SPECS:
-            amx = steps(spec, args.tokenizer, counts, args.threads, ("amx",))["amx"]
-            arrays.update({f"{spec}/{n}": logits for n, logits in zip(counts, amx, strict=True)})
+            got = steps(spec, args.tokenizer, counts, args.threads, (variant,))[variant]
+            arrays.update({f"{spec}/{n}": logits for n, logits in zip(counts, got, strict=True)})
         np.savez(args.dump, **arrays)
         return 0
     import heteroserve_cpu as hc
 
-    if "amx" not in hc.available_variants().split(","):
-        print("amx_decode_bits: this CPU (or its kernel) does not grant AMX", file=sys.stderr)
+    if variant not in hc.available_variants().split(","):
+        grant = "does not grant AMX" if variant == "amx" else f"has no {variant} variant"
+        print(f"amx_decode_bits: this CPU (or its kernel) {grant}", file=sys.stderr)
         return 2
     theirs, label = None, None
     if args.baseline:
@@ -93,22 +100,28 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             dump = Path(tmp) / "baseline.npz"
             cmd = [sys.executable, "-m", "tests.bench.amx_decode_bits", "--dump", str(dump),
-                   "--sequences", args.sequences, "--threads", str(args.threads)]
+                   "--sequences", args.sequences, "--threads", str(args.threads),
+                   "--variant", variant]
             if args.tokenizer:
                 cmd += ["--tokenizer", args.tokenizer]
             subprocess.run(cmd, env=baseline.env_for(dict(os.environ), folder), check=True)
             with np.load(dump) as npz:
                 theirs = {key: npz[key] for key in npz.files}
-    extra = f" | amx against {label}'s amx |" if label else " |"
-    print("| model | sequences | amx against avx512vnni" + extra)
-    print("|---|---|---|" + ("---|" if label else ""))
+    pair = variant == "amx"  # amx against avx512vnni too
+    columns = (["amx against avx512vnni"] if pair else []) + (
+        [f"{variant} against {label}'s {variant}"] if label else [])
+    print("| model | sequences | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
     all_same = True
     for spec in SPECS:
-        ours = steps(spec, args.tokenizer, counts, args.threads, ("amx", "avx512vnni"))
+        ours = steps(spec, args.tokenizer, counts, args.threads,
+                     ("amx", "avx512vnni") if pair else (variant,))
         for i, n in enumerate(counts):
-            row = f"| {spec} | {n} | {verdict(ours['amx'][i], ours['avx512vnni'][i])[1]} |"
+            row = f"| {spec} | {n} |"
+            if pair:
+                row += f" {verdict(ours['amx'][i], ours['avx512vnni'][i])[1]} |"
             if theirs is not None:
-                same, words = verdict(ours["amx"][i], theirs[f"{spec}/{n}"])
+                same, words = verdict(ours[variant][i], theirs[f"{spec}/{n}"])
                 all_same &= same
                 row += f" {words} |"
             print(row, flush=True)

@@ -22,3 +22,11 @@ def test_bad_arguments_are_refused(bad):
 def test_a_cpu_without_amx_is_refused(capsys):
     assert amx_decode_bits.main([]) == 2
     assert "does not grant AMX" in capsys.readouterr().err
+
+
+def test_another_variant_needs_a_baseline_and_one_the_cpu_has(capsys):
+    with pytest.raises(SystemExit) as refused:
+        amx_decode_bits.main(["--variant", "avx2"])  # nothing to compare it against
+    assert refused.value.code == 2
+    assert amx_decode_bits.main(["--variant", "sve", "--baseline", "HEAD"]) == 2
+    assert "has no sve variant" in capsys.readouterr().err
