@@ -9,7 +9,8 @@
 # to ggml's CPU backend with the iqk kernels, src, include, common, vendor/{cpp-httplib,nlohmann},
 # cmake and examples/llama-bench + examples/batched-bench; COMMIT names its commit): where it is
 # carried (and IK is not 0) its tools are built too and every model runs as a triple. Each pruned
-# copy names what it is in a COMMIT file (printed in the table's header).
+# copy names what it is in a COMMIT file (printed in the table's header); both are written by
+# tests/bench/prune_peer_source.sh.
 # The copied tree's .git can be older than the tree itself: pass HETEROSERVE_COMMIT=<hash> (the
 # header prints it; the engine-sources digest beside it is computed from the files that ran).
 #
