@@ -32,11 +32,12 @@ mkdir -p "$dest/$tools"
 cp -r "$src"/{CMakeLists.txt,LICENSE,cmake,common,ggml,include,src} "$dest"/
 cp -r "$src/$tools/llama-bench" "$src/$tools/batched-bench" "$dest/$tools"/
 rm -f "$dest/ggml/.gitignore"
+# every backend folder but the CPU's (ik_llama.cpp's CPU backend is ggml/src's own files with
+# iqk/ and llamafile/, so all of its ggml-* folders go)
+find "$dest/ggml/src" -mindepth 1 -maxdepth 1 -type d -name 'ggml-*' ! -name ggml-cpu \
+  -exec rm -rf {} +
 if [ "$kind" = llama ]; then
   cp -r "$src/vendor" "$dest"/
-  # every backend folder but the CPU's (the files beside them are ggml's core)
-  find "$dest/ggml/src" -mindepth 1 -maxdepth 1 -type d -name 'ggml-*' ! -name ggml-cpu \
-    -exec rm -rf {} +
   printf '%s\n' 'find_package(Threads REQUIRED)' 'llama_add_compile_flags()' \
     'add_subdirectory(batched-bench)' 'add_subdirectory(llama-bench)' > "$dest/tools/CMakeLists.txt"
   # the sdist's PKG-INFO (SRC is its vendor/llama.cpp) names the release
@@ -46,9 +47,9 @@ if [ "$kind" = llama ]; then
 else
   mkdir -p "$dest/vendor"
   cp -r "$src/vendor/cpp-httplib" "$src/vendor/nlohmann" "$dest/vendor"/
-  rm -rf "$dest"/ggml/src/{ggml-cann,ggml-cuda,ggml-sycl,vulkan-shaders}
-  rm -f "$dest"/ggml/src/{ggml-cann.cpp,ggml-cuda.cu,ggml-sycl.cpp,ggml-vulkan.cpp,ggml-metal.m}
-  rm -f "$dest"/ggml/src/ggml-metal.metal
+  # and the other backends' single files beside them
+  rm -rf "$dest"/ggml/src/{ggml-cann.cpp,ggml-cuda.cu,ggml-sycl.cpp,ggml-vulkan.cpp,vulkan-shaders}
+  rm -f "$dest"/ggml/src/ggml-metal.{m,metal}
   printf '%s\n' '# pruned for heteroserve'"'"'s benchmark: only the two tools it runs' \
     'find_package(Threads REQUIRED)' 'include_directories(${CMAKE_CURRENT_SOURCE_DIR})' \
     'add_subdirectory(batched-bench)' 'add_subdirectory(llama-bench)' \
