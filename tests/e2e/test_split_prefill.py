@@ -150,9 +150,13 @@ def exact_pair(tmp_path_factory, token_file):
     prefill = start_prefill(tmp_path_factory.mktemp("exact-prefill"), "--kv-token-file",
                             str(token_file), "--activation-quantization", "avx512vnni",
                             env=ONE_CORE[0])
-    decoder = start_engine(tmp_path_factory.mktemp("exact-decoder"), "--max-model-len", "512",
-                           "--kv-token-file", str(token_file), "--kernels", "avx512vnni",
-                           env=ONE_CORE[1])
+    try:
+        decoder = start_engine(tmp_path_factory.mktemp("exact-decoder"), "--max-model-len",
+                               "512", "--kv-token-file", str(token_file), "--kernels",
+                               "avx512vnni", env=ONE_CORE[1])
+    except BaseException:  # a decoder that does not start leaves no prefill engine running
+        stop_process(prefill.proc)
+        raise
     yield prefill, decoder
     stop_engine(decoder)
     stop_process(prefill.proc)
