@@ -27,7 +27,6 @@ from __future__ import annotations
 import secrets
 import time
 
-import heteroserve_cpu as hc
 import httpx
 import pytest
 
@@ -36,6 +35,7 @@ from tests.e2e.routers import start_router, stop_router
 from tests.e2e.test_prefill_engine import start_prefill
 from tests.e2e.test_router import MODEL, ONE_CORE, client_for
 from tests.processes import stop_process
+from tests.variants import EXACT_HANDOFF_SKIP
 
 PROMPTS = [f"Tell me one fact about the number {n}." for n in range(0, 50, 2)] + [
     "Name three colors.", "What is the capital of France?", "Explain rain in one sentence.",
@@ -162,7 +162,7 @@ def exact_pair(tmp_path_factory, token_file):
     stop_process(prefill.proc)
 
 
-@pytest.mark.skipif("avx512vnni" not in hc.available_variants().split(","),
+@pytest.mark.skipif(EXACT_HANDOFF_SKIP,
                     reason="the exact hand-off decodes on the CPU engine's avx512vnni kernels, "
                            "which this CPU lacks (the engine refuses `--kernels avx512vnni`)")
 def test_split_with_exact_numerics_gives_the_cpu_engine_alones_tokens(tmp_path, exact_pair):

@@ -21,8 +21,9 @@ from heteroserve_engines.cpu_engine.gguf_model import load_model, open_gguf, rea
 from heteroserve_engines.prefill import exact
 from heteroserve_engines.prefill.model import Chunk, LlamaModel
 from tests.unit.test_prefill_model import write_qwen2
+from tests.variants import EXACT_HANDOFF_SKIP
 
-pytestmark = pytest.mark.skipif("avx512vnni" not in hc.available_variants().split(","),
+pytestmark = pytest.mark.skipif(EXACT_HANDOFF_SKIP,
                                 reason="the CPU engine's avx512vnni kernels do not run here")
 CPU = torch.device("cpu")
 _libm = ctypes.CDLL(ctypes.util.find_library("m"))
