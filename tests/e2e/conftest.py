@@ -29,9 +29,12 @@ class EngineProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def metrics(self) -> str:
+        """One scrape of /metrics: values read from one text are from the same moment."""
+        return httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
+
     def metric(self, name: str) -> float:
-        return metric_value(httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text,
-                            name)
+        return metric_value(self.metrics(), name)
 
 
 def start_engine(tmp: Path, *args: str, env: dict[str, str] | None = None,

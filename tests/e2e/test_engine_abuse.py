@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import start_engine, stop_engine
+from tests.processes import metric_value
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "Name three colors."}]
@@ -461,8 +462,10 @@ def open_stream(port: int, max_tokens: int = 900) -> socket.socket:
 
 
 def held(engine) -> int:
-    return int(engine.metric("vllm:num_requests_running")
-               + engine.metric("vllm:num_requests_waiting"))
+    """Requests running or waiting, from one scrape (two scrapes straddle admissions)."""
+    text = engine.metrics()
+    return int(metric_value(text, "vllm:num_requests_running")
+               + metric_value(text, "vllm:num_requests_waiting"))
 
 
 def wait_for(condition, timeout: float = 30) -> None:

@@ -80,6 +80,53 @@ def test_full_cache_preempts_and_recomputes(model_and_tokenizer):
     assert reference.finish_reason == "length" and all(s.finish_reason == "length" for s in seqs)
 
 
+class WatchedLock:
+    """The engine's lock, checking the moments another thread could take it (before each
+    acquire, after each release): every unfinished sequence it has seen is then in exactly one
+    of `waiting` and `running`, as `load` (the running and waiting gauges) relies on."""
+
+    def __init__(self, core: EngineCore):
+        self.core, self.inner = core, threading.Condition()
+        self.seen: dict[int, object] = {}
+        self.checks, self.violations = 0, []
+
+    def check(self) -> None:
+        core = self.core
+        for seq in [*core.waiting, *core.running]:
+            self.seen[seq.id] = seq
+        self.checks += 1
+        for seq in self.seen.values():
+            places = (seq in core.waiting) + (seq in core.running)
+            if seq.finish_reason is None and places != 1:
+                self.violations.append((seq.id, places))
+
+    def __enter__(self):
+        self.check()
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        result = self.inner.__exit__(*exc)
+        self.check()
+        return result
+
+    def notify(self) -> None:
+        self.inner.notify()
+
+
+def test_admission_and_preemption_move_a_sequence_in_one_locked_step(model_and_tokenizer):
+    model, config, tok = model_and_tokenizer
+    prompt = tok.encode("A list of fruits: apple, banana,")
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    # 6 blocks of 16 tokens for three sequences of ~50 tokens: admissions and preemptions.
+    core = EngineCore(model, tok, config.n_vocab, n_blocks=6, max_model_len=256)
+    core._lock = watched = WatchedLock(core)
+    seqs, _ = run_to_end(core, [prompt] * 3, params)
+    assert all(s.finish_reason == "length" for s in seqs)
+    assert core.stats.preemptions > 0 and len(watched.seen) == 3 and watched.checks > 100
+    assert watched.violations == []
+    assert core.load() == (0, 0)
+
+
 def test_stop_strings_are_cut_and_never_streamed(model_and_tokenizer):
     model, config, tok = model_and_tokenizer
     core = EngineCore(model, tok, config.n_vocab, n_blocks=64, max_model_len=256)

@@ -212,6 +212,13 @@ class EngineCore:
         free = max(0, self.max_running - len(self.running))
         return len(self.waiting) >= self.max_waiting + free
 
+    def load(self) -> tuple[int, int]:
+        """(running, waiting), read together (any thread): a sequence moves between the two
+        only under the lock, so a reader never sees one in neither list or in both, and their
+        sum is the number of requests held (what admission counts)."""
+        with self._lock:
+            return len(self.running), len(self.waiting)
+
     def kept_tokens(self, seq_id: int) -> list[int]:
         """The tokens whose KV a finished sequence kept (KeyError when none is kept)."""
         return self.kept[seq_id].token_ids
@@ -299,11 +306,11 @@ class EngineCore:
 
     def _preempt(self, seq: Sequence) -> None:
         """Recompute later: its KV is dropped, its tokens (prompt + output) are kept."""
-        self.running.remove(seq)
         self.allocator.release(seq.blocks)
         seq.num_computed = 0
         self.stats.preemptions += 1
-        with self._lock:
+        with self._lock:  # one move, as `load` sees it
+            self.running.remove(seq)
             self.waiting.appendleft(seq)
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
@@ -341,9 +348,9 @@ class EngineCore:
             chunk = min(len(seq.tokens) - seq.num_computed, budget)
             if not self._ensure_blocks(seq, seq.num_computed + chunk):
                 break
-            with self._lock:
+            with self._lock:  # one move, as `load` sees it
                 self.waiting.popleft()
-            self.running.append(seq)
+                self.running.append(seq)
             batch.append((seq, chunk))
             budget -= chunk
         return batch
@@ -443,8 +450,9 @@ class EngineCore:
 
     def _finish(self, seq: Sequence, reason: str, emit: bool = True) -> None:
         seq.finish_reason = reason
-        if seq in self.running:
-            self.running.remove(seq)
+        with self._lock:
+            if seq in self.running:
+                self.running.remove(seq)
         if seq.keep_kv and reason != "abort" and seq.num_computed:
             self.kept[seq.id] = KeptKv(seq.blocks, seq.tokens[:seq.num_computed])
             seq.blocks = []
@@ -463,7 +471,5 @@ class EngineCore:
         return taken
 
     def _publish_stats(self) -> None:
-        with self._lock:
-            self.stats.waiting = len(self.waiting)
-        self.stats.running = len(self.running)
+        self.stats.running, self.stats.waiting = self.load()
         self.stats.kv_usage = self.allocator.usage

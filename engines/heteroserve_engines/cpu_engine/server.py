@@ -33,7 +33,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -116,6 +116,26 @@ class ServedModel:
     handoff: KvHandoff | None = None  # the KV hand-off (import, and export for a pull)
 
 
+class EngineLoad(Collector):
+    """Running and waiting requests, read live at scrape time (not the last step's copy, which
+    stays stale once idle) and together (`EngineCore.load`): a request being admitted or
+    preempted never shows in neither gauge or in both, so their sum, which routers and
+    admission count, is exact in every scrape."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+
+    def collect(self):
+        running, waiting = self.served.engine.load()
+        labels = [self.served.name]
+        for name, doc, value in (
+                ("vllm:num_requests_running", "Sequences being decoded or prefilled", running),
+                ("vllm:num_requests_waiting", "Requests waiting for admission", waiting)):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(labels, value)
+            yield family
+
+
 class EngineCounters(Collector):
     """The engine's running totals as Prometheus counters under vLLM's names (read from the
     engine's own stats at scrape time, so they can never drift from them)."""
@@ -144,12 +164,7 @@ class Metrics:
         self.registry, self.served = registry, served
         engine = served.engine
         labels = {"model_name": served.name}
-        # Read live at scrape time (not the last step's copy, which stays stale once idle).
-        Gauge("vllm:num_requests_running", "Sequences being decoded or prefilled",
-              ["model_name"], registry=registry).labels(**labels).set_function(
-                  lambda: len(engine.running))
-        Gauge("vllm:num_requests_waiting", "Requests waiting for admission", ["model_name"],
-              registry=registry).labels(**labels).set_function(lambda: len(engine.waiting))
+        registry.register(EngineLoad(served))
         Gauge("vllm:kv_cache_usage_perc", "KV-cache usage fraction (0-1)", ["model_name"],
               registry=registry).labels(**labels).set_function(lambda: engine.allocator.usage)
         Gauge("heteroserve:generated_tokens", "Tokens generated since start", ["model_name"],
