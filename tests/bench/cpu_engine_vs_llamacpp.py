@@ -572,26 +572,28 @@ def source_commit(src: str, stamped: str | None = None) -> str:
     return commit_file(src) or known_stamp(stamped)
 
 
-def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
+def build_llamacpp(src: str, root: str, check_model: str, jobs: int, flags: str = "") -> Path:
     """Builds llama-bench and llama-batched-bench natively (AMX compiled in where the CPU has
-    it); falls back to `-mno-amx-*` only where the check run fails. Returns the bin folder, in
-    which `heteroserve-build.json` says which build it is."""
+    it); falls back to `-mno-amx-*` only where the check run fails. `flags`: compiler flags
+    after `-march=native` (`--peer-flags`, e.g. `-mno-avx512f` for an AVX2-only comparison).
+    Returns the bin folder, in which `heteroserve-build.json` says which build it is."""
     root_path = Path(root)
     root_path.mkdir(parents=True, exist_ok=True)
     with open(root_path / "build.log", "a") as log:
         native = root_path / "native"
-        _cmake_build(src, native, "", jobs, log)
+        _cmake_build(src, native, flags, jobs, log)
         rc, text = _amx_check(native / "bin", check_model)
-        info = {"flags": "-march=native (GGML_NATIVE=ON)", "check_rc": rc}
+        march = f"-march=native {flags}".strip()
+        info = {"flags": f"{march} (GGML_NATIVE=ON)", "check_rc": rc}
         if commit_file(src):  # else the header takes the tools' own stamp (a git checkout's)
             info["commit"] = commit_file(src)
         bin_dir = native / "bin"
         if rc != 0:
             reason = f"signal {-rc}" if rc < 0 else f"exit {rc}"
             fallback = root_path / "no-amx"
-            _cmake_build(src, fallback, AMX_OFF, jobs, log)
+            _cmake_build(src, fallback, f"{flags} {AMX_OFF}".strip(), jobs, log)
             bin_dir = fallback / "bin"
-            info["flags"] = f"-march=native {AMX_OFF} (the native build's check failed: {reason})"
+            info["flags"] = f"{march} {AMX_OFF} (the native build's check failed: {reason})"
             rc, text = _amx_check(bin_dir, check_model)
             info["check_rc"] = rc
     info["amx_buffer"] = next((line.split(":", 1)[-1].strip() for line in text.splitlines()
@@ -602,24 +604,25 @@ def build_llamacpp(src: str, root: str, check_model: str, jobs: int) -> Path:
     return bin_dir
 
 
-def native_isa() -> str:
-    """The x86 extensions `-march=native` turns on here (what a GGML_NATIVE build targets)."""
-    proc = subprocess.run(["cc", "-march=native", "-dM", "-E", "-"], input="", capture_output=True,
-                          text=True, check=False)
+def native_isa(flags: str = "") -> str:
+    """The x86 extensions `-march=native` (then `flags`) turns on here (what a GGML_NATIVE
+    build targets)."""
+    proc = subprocess.run(["cc", "-march=native", *flags.split(), "-dM", "-E", "-"], input="",
+                          capture_output=True, text=True, check=False)
     names = sorted({line.split()[1].strip("_") for line in proc.stdout.splitlines()
                     if line.startswith("#define __AVX") or line.startswith("#define __AMX")
                     or line.startswith("#define __FMA__") or line.startswith("#define __F16C__")})
     return " ".join(names) or "unknown"
 
 
-def build_ik_llama(src: str, root: str, check_model: str, jobs: int) -> Path:
+def build_ik_llama(src: str, root: str, check_model: str, jobs: int, flags: str = "") -> Path:
     """Builds ik_llama.cpp's llama-bench and llama-batched-bench natively (`-march=native`; it
     has no AMX path) and checks them by a short llama-bench run with run-time repacking. Returns
     the bin folder, in which `heteroserve-build.json` says which build (and source commit) it is."""
     root_path = Path(root)
     root_path.mkdir(parents=True, exist_ok=True)
     with open(root_path / "build.log", "a") as log:
-        _cmake_build(src, root_path / "native", "", jobs, log, ik=True)
+        _cmake_build(src, root_path / "native", flags, jobs, log, ik=True)
     bin_dir = root_path / "native" / "bin"
     proc = subprocess.run([str(bin_dir / "llama-bench"), "-m", check_model, "-p", "16", "-n", "4",
                            "-r", "1", "-o", "json", *IK_BENCH], capture_output=True, text=True,
@@ -627,12 +630,13 @@ def build_ik_llama(src: str, root: str, check_model: str, jobs: int) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"ik_llama.cpp's check run failed ({proc.returncode}):\n"
                            f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    info = {"flags": "-march=native (GGML_NATIVE=ON), static libraries, run-time repacking "
+    march = f"-march=native {flags}".strip()
+    info = {"flags": f"{march} (GGML_NATIVE=ON), static libraries, run-time repacking "
                      "(llama-bench " + " ".join(IK_BENCH) + ", llama-batched-bench "
                      + " ".join(IK_BATCHED) + ")",
             "check_rc": proc.returncode,
             "commit": source_commit(src, json.loads(proc.stdout)[0].get("build_commit")),
-            "system_info": f"-march=native here enables: {native_isa()}"}
+            "system_info": f"{march} here enables: {native_isa(flags)}"}
     (bin_dir / "heteroserve-build.json").write_text(json.dumps(info))
     return bin_dir
 
@@ -715,6 +719,10 @@ def main() -> int:
                         "SRC into --ik-llama-build (checked) and print the bin folder")
     parser.add_argument("--ik-llama-build", default=str(Path.home() / ".cache" / "heteroserve" /
                                                         "ik-llama-bin"))
+    parser.add_argument("--peer-flags", default="", help="compiler flags after -march=native "
+                        "for --build-llama / --build-ik-llama (e.g. -mno-avx512f, with "
+                        "HETEROSERVE_KERNELS=avx2 for the engine: an AVX2-only comparison on a "
+                        "CPU that has AVX-512; build into another --llama-build folder)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="parallel compile jobs of --build-llama / --build-ik-llama")
     parser.add_argument("--worker", action="store_true")
@@ -728,13 +736,15 @@ def main() -> int:
         return 0
     if args.build_llama:
         check = str(model_path("135m:q4_0", args.tokenizer)[1])
-        bin_dir = build_llamacpp(args.build_llama, args.llama_build, check, args.jobs)
+        bin_dir = build_llamacpp(args.build_llama, args.llama_build, check, args.jobs,
+                                 args.peer_flags)
         info = build_description(str(bin_dir))
         print(f"{build_line(info)}\nllama.cpp system_info: {info['system_info']}\n{bin_dir}")
         return 0
     if args.build_ik_llama:
         check = str(model_path("135m:q4_0", args.tokenizer)[1])
-        bin_dir = build_ik_llama(args.build_ik_llama, args.ik_llama_build, check, args.jobs)
+        bin_dir = build_ik_llama(args.build_ik_llama, args.ik_llama_build, check, args.jobs,
+                                 args.peer_flags)
         print(f"{ik_build_line(build_description(str(bin_dir)))}\n{bin_dir}")
         return 0
     if not args.llama_bin:

@@ -54,6 +54,35 @@ def test_the_build_records_a_commit_only_from_a_commit_file(tmp_path, monkeypatc
     assert commit_file(str(tmp_path)) is None
 
 
+def test_peer_flags_reach_both_builds_and_name_them(tmp_path, monkeypatch):
+    """--peer-flags (an AVX2-only peer on an AVX-512 CPU) goes to the native build and to the
+    AMX fallback, and the recorded flags say so."""
+    built = []
+
+    def fake_build(src, build, flags, jobs, log, ik=False):
+        built.append((build.name, flags))
+        (build / "bin").mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr(bench, "_cmake_build", fake_build)
+    monkeypatch.setattr(bench, "system_info", lambda bin_dir: "CPU : AVX2 = 1 | AVX512 = 0")
+    monkeypatch.setattr(bench, "_amx_check", lambda bin_dir, model: (0, ""))
+    src = tmp_path / "src"
+    src.mkdir()
+    info = json.loads((bench.build_llamacpp(str(src), str(tmp_path / "a"), "m.gguf", 1,
+                                            "-mno-avx512f") / "heteroserve-build.json").read_text())
+    assert built == [("native", "-mno-avx512f")]
+    assert info["flags"] == "-march=native -mno-avx512f (GGML_NATIVE=ON)"
+    monkeypatch.setattr(bench, "_amx_check", lambda bin_dir, model: (
+        (-4, "") if bin_dir.parent.name == "native" else (0, "")))
+    info = json.loads((bench.build_llamacpp(str(src), str(tmp_path / "b"), "m.gguf", 1,
+                                            "-mno-avx512f") / "heteroserve-build.json").read_text())
+    assert built[-1] == ("no-amx", f"-mno-avx512f {bench.AMX_OFF}")
+    assert info["flags"].startswith(f"-march=native -mno-avx512f {bench.AMX_OFF} (the native")
+    if "avx2" in Path("/proc/cpuinfo").read_text():  # what the label prints for ik_llama.cpp
+        limited = bench.native_isa("-mno-avx512f").split()
+        assert "AVX2" in limited and not any(name.startswith("AVX512") for name in limited)
+
+
 def test_the_peer_build_stops_git_at_the_pruned_copy(tmp_path, monkeypatch):
     """A copy inside heteroserve's repository must not be stamped with heteroserve's commit:
     cmake and ninja both run with git's search stopped above the copy."""
