@@ -1,4 +1,4 @@
-/* For variants that read weights in the GGUF layout as they are (reference, avx2, neon, dotprod,
+/* For variants that read weights in the GGUF layout as they are (reference, neon, dotprod,
  * i8mm): activations as block_q8a rows, and hs_mm_fn products built from the variant's two
  * kernels - a multi-row dot (NRC weight rows against one activation row) and, optionally, a
  * batched gemm (one weight row against up to four activation rows, each weight block unpacked
@@ -38,7 +38,7 @@ static inline void gguf_mm(hs_dot_fn dot, hs_gemm_fn gemm, int nb, const void *w
         gguf_mm(DOT, GEMM, nb, w, ws, nrows, a, as, ncols, out, os);                             \
     }
 
-/* The table of a GGUF-layout variant whose functions carry these names (avx2 and the aarch64
+/* The table of a GGUF-layout variant whose functions carry these names (the aarch64
  * variants); `GETTER` returns it. GGUF_LAYOUT_EXTRA: entries a variant adds
  * (defined before this file is included; none by default). */
 #ifndef GGUF_LAYOUT_EXTRA
