@@ -175,11 +175,12 @@ static inline __attribute__((always_inline)) void group_step(
     __m256i s[4];
     if (kind == Q8_0) {
         for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
             const __m256i wv = load_chunk(t, lanes, q + (size_t)p * 4 * t);
             const __m256i aw = _mm256_sign_epi8(wv, wv);
             for (int c = 0; c < C; c++) {
-                const int8_t *ya = p % 2 ? y[c][g].hi[p / 2] : y[c][g].lo[p / 2];
+                const int8_t *ya = (p % 2 ? y[c][g].hi : y[c][g].lo)[p / 2];
                 const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)ya), wv);
                 s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sy), ones));
                 /* the sum as it stands, in a register: GCC would otherwise reassociate the
