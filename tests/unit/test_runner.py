@@ -4,6 +4,7 @@ batching, KV block accounting, preemption when the cache is full, stop handling.
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 import heteroserve_cpu as hc
 import numpy as np
@@ -83,12 +84,17 @@ def test_full_cache_preempts_and_recomputes(model_and_tokenizer):
 class WatchedLock:
     """The engine's lock, checking the moments another thread could take it (before each
     acquire, after each release): every unfinished sequence it has seen is then in exactly one
-    of `waiting` and `running`, as `load` (the running and waiting gauges) relies on."""
+    of `waiting` and `running`, as `load` (the running and waiting gauges) relies on. It also
+    puts guards on the two lists that record any change made without the lock held (a move done
+    outside the lock altogether has no lock boundary in the middle for the check to see)."""
 
     def __init__(self, core: EngineCore):
         self.core, self.inner = core, threading.Condition()
         self.seen: dict[int, object] = {}
-        self.checks, self.violations = 0, []
+        self.checks, self.violations, self.unlocked = 0, [], []
+        self.depth = 0
+        core.waiting = guarded(self, deque, core.waiting)
+        core.running = guarded(self, list, core.running)
 
     def check(self) -> None:
         core = self.core
@@ -102,15 +108,34 @@ class WatchedLock:
 
     def __enter__(self):
         self.check()
-        return self.inner.__enter__()
+        entered = self.inner.__enter__()
+        self.depth += 1
+        return entered
 
     def __exit__(self, *exc):
+        self.depth -= 1
         result = self.inner.__exit__(*exc)
         self.check()
         return result
 
     def notify(self) -> None:
         self.inner.notify()
+
+
+def guarded(lock: WatchedLock, kind: type, items):
+    """`kind` (list or deque) whose changes are recorded in lock.unlocked when made unlocked."""
+    class GuardedList(kind):
+        def _note(self, name):
+            if lock.depth == 0:
+                lock.unlocked.append(name)
+
+    for name in ("append", "appendleft", "popleft", "pop", "remove", "insert", "clear"):
+        if hasattr(kind, name):
+            def method(self, *args, _name=name):
+                self._note(_name)
+                return getattr(kind, _name)(self, *args)
+            setattr(GuardedList, name, method)
+    return GuardedList(items)
 
 
 def test_admission_and_preemption_move_a_sequence_in_one_locked_step(model_and_tokenizer):
@@ -123,7 +148,7 @@ def test_admission_and_preemption_move_a_sequence_in_one_locked_step(model_and_t
     seqs, _ = run_to_end(core, [prompt] * 3, params)
     assert all(s.finish_reason == "length" for s in seqs)
     assert core.stats.preemptions > 0 and len(watched.seen) == 3 and watched.checks > 100
-    assert watched.violations == []
+    assert watched.violations == [] and watched.unlocked == []
     assert core.load() == (0, 0)
 
 
