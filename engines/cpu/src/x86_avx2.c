@@ -57,8 +57,6 @@ static size_t act_bytes(int n) {
     return (size_t)((n / HS_QK + GROUP - 1) / GROUP) * sizeof(act_group) + TAIL_BYTES;
 }
 
-static inline void store32(void *p, int v) { memcpy(p, &v, 4); }
-
 static void quantize_packed(const float *x, void *out, int n) {
     act_group *g = out;
     const int nb = n / HS_QK, ng = (nb + GROUP - 1) / GROUP;
@@ -68,12 +66,7 @@ static void quantize_packed(const float *x, void *out, int n) {
         const int j = b % GROUP;
         float d;
         int sum;
-        _Alignas(32) int32_t q[8];
-        _mm256_store_si256((__m256i *)q, quantize_block(x + b * HS_QK, &d, &sum));
-        for (int k = 0; k < 4; k++) {
-            store32(G->lo[k] + 4 * j, q[k]);
-            store32(G->hi[k] + 4 * j, q[4 + k]);
-        }
+        quantize_block_chunks(x + b * HS_QK, G->lo[0], G->hi[0], sizeof G->lo[0], j, &d, &sum);
         G->d[j] = d;
         G->off[j] = -Q4_0_OFFSET * sum;
         G->ms[j] = d * (float)sum;
@@ -166,6 +159,20 @@ static inline __attribute__((always_inline)) __m256 load_scales(const int t, con
     return _mm256_cvtph_ps(_mm_load_si128((const __m128i *)v));
 }
 
+/* The float part of group g (t blocks) for C pairs: acc += cvt(s) x the activations' scales x
+ * the weights' (q4_1: + its minimums x d x sum); lanes past t meet zero scales. */
+static inline __attribute__((always_inline)) void scale_step(
+    const int kind, const int C, const int t, int g, const hs_fp16 *d, const hs_fp16 *m,
+    const act_group *const *y, const __m256i s[4], __m256 acc[4]) {
+    const __m256 dw = load_scales(t, d + (size_t)g * GROUP);
+    const __m256 mw = kind == Q4_1 ? load_scales(t, m + (size_t)g * GROUP) : _mm256_setzero_ps();
+    for (int c = 0; c < C; c++) {
+        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_loadu_ps(y[c][g].d)),
+                                 dw, acc[c]);
+        if (kind == Q4_1) acc[c] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(y[c][g].ms), acc[c]);
+    }
+}
+
 /* Group g (t blocks; t == GROUP, a constant, for all but a partial last group) of one weight row
  * (its quants at q, its scales and minimums at d and m) against C activation rows, into acc. */
 static inline __attribute__((always_inline)) void group_step(
@@ -212,13 +219,7 @@ static inline __attribute__((always_inline)) void group_step(
                 s[c] = _mm256_add_epi32(s[c], _mm256_loadu_si256((const __m256i *)y[c][g].off));
         }
     }
-    const __m256 dw = load_scales(t, d + (size_t)g * GROUP);
-    const __m256 mw = kind == Q4_1 ? load_scales(t, m + (size_t)g * GROUP) : _mm256_setzero_ps();
-    for (int c = 0; c < C; c++) {
-        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_loadu_ps(y[c][g].d)),
-                                 dw, acc[c]);
-        if (kind == Q4_1) acc[c] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(y[c][g].ms), acc[c]);
-    }
+    scale_step(kind, C, t, g, d, m, y, s, acc);
 }
 
 /* A partial last group of t <= 2 blocks (t a constant): its weight pieces lie together (16t
@@ -264,13 +265,7 @@ static inline __attribute__((always_inline)) void tail_step(
         if (kind == Q4_0) v = _mm256_add_epi32(v, _mm256_loadu_si256((const __m256i *)y[c][g].off));
         s[c] = v;
     }
-    const __m256 dw = load_scales(t, d + (size_t)g * GROUP);
-    const __m256 mw = kind == Q4_1 ? load_scales(t, m + (size_t)g * GROUP) : _mm256_setzero_ps();
-    for (int c = 0; c < C; c++) {
-        acc[c] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[c]), _mm256_loadu_ps(y[c][g].d)),
-                                 dw, acc[c]);
-        if (kind == Q4_1) acc[c] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(y[c][g].ms), acc[c]);
-    }
+    scale_step(kind, C, t, g, d, m, y, s, acc);
 }
 
 /* One weight row x C activation rows (both constants after inlining): out[c * ostride]. */

@@ -85,12 +85,7 @@ static void quantize_packed(const float *x, void *out, int n) {
         const int j = b % GROUP;
         float d;
         int sum;
-        _Alignas(32) int32_t q[8];
-        _mm256_store_si256((__m256i *)q, quantize_block(x + b * HS_QK, &d, &sum));
-        for (int k = 0; k < 4; k++) {
-            store32(G->lo[k] + 4 * j, q[k]);
-            store32(G->hi[k] + 4 * j, q[4 + k]);
-        }
+        quantize_block_chunks(x + b * HS_QK, G->lo[0], G->hi[0], sizeof G->lo[0], j, &d, &sum);
         G->d[j] = d;
         G->off4[j] = -8 * sum;
         act_sums(g, ng, b / GROUP)[j] = d * (float)sum;

@@ -50,6 +50,19 @@ static inline __m256i quantize_block(const float *v, float *d_out, int *sum_out)
     return _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* One block of 32 floats quantized (quantize_block) into the packed variants' activation
+ * chunks: elements 4k..4k+3 to lo + k * chunk + 4j, elements 16 + 4k.. to hi + k * chunk + 4j
+ * (lane j of chunk k; chunk: 64 bytes in avx512vnni's groups of 16 blocks, 32 in avx2's of 8). */
+static inline void quantize_block_chunks(const float *v, int8_t *lo, int8_t *hi, size_t chunk,
+                                         int j, float *d_out, int *sum_out) {
+    _Alignas(32) int32_t q[8];
+    _mm256_store_si256((__m256i *)q, quantize_block(v, d_out, sum_out));
+    for (int k = 0; k < 4; k++) {
+        memcpy(lo + (size_t)k * chunk + 4 * j, &q[k], 4);
+        memcpy(hi + (size_t)k * chunk + 4 * j, &q[4 + k], 4);
+    }
+}
+
 /* Activations as block_q8a rows (the GGUF-layout variants' format). */
 static inline void quantize_act(const float *x, void *out, int n) {
     block_q8a *y = out;
