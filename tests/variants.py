@@ -13,9 +13,16 @@ level."""
 
 from __future__ import annotations
 
+import os
+
 import heteroserve_cpu as hc
 
-AVAILABLE = tuple(hc.available_variants().split(","))  # what this CPU grants, reference first
+# What this CPU grants, reference first. With HETEROSERVE_KERNELS naming one of them (the engine
+# then selects it), only the variants up to it: the suites run as on a CPU that grants no more,
+# e.g. `HETEROSERVE_KERNELS=avx2` on an AVX-512 machine as on an AVX2-only one.
+_GRANTED = hc.available_variants().split(",")
+_FORCED = os.environ.get("HETEROSERVE_KERNELS", "")
+AVAILABLE = tuple(_GRANTED[:_GRANTED.index(_FORCED) + 1] if _FORCED in _GRANTED else _GRANTED)
 BATCH_INVARIANT = next(v for v in ("avx512vnni", "avx2", "dotprod", "neon", "reference")
                        if v in AVAILABLE)
 # The exact KV hand-off repeats the avx512vnni variant's arithmetic (prefill/exact.py): its tests
