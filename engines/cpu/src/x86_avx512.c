@@ -370,12 +370,18 @@ static inline __attribute__((always_inline)) void tail_step(
 
 /* The sums of 8 vectors at once, each by _mm512_reduce_add_ps's own tree (GCC's: lane i + lane
  * i + 8, then i + 4, then (0 + 2) + (1 + 3)), so the same bits for under half the operations:
- * v[r + 4c] sums into lane 4c + r of the result (r < 4, c < 2). */
-static inline __m256 reduce8x16(const __m512 v[8]) {
+ * v[r + 4c] sums into lane 4c + r of the result (r < 4, c < 2). Its first step written apart:
+ * lo[i] and hi[i] hold v[2i]'s and v[2i + 1]'s lanes 0..7 and 8..15 (lo[i]'s lanes 0..7 are
+ * v[2i]'s 0..7, its 8..15 v[2i + 1]'s 0..7), which tail2_2x4 finishes first. */
+static inline void reduce8x16_halves(const __m512 v[8], __m512 lo[4], __m512 hi[4]) {
+    for (int i = 0; i < 4; i++) {
+        lo[i] = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44);
+        hi[i] = _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee);
+    }
+}
+static inline __m256 reduce8x16_rest(const __m512 lo[4], const __m512 hi[4]) {
     __m512 h[4], q[2];
-    for (int i = 0; i < 4; i++)
-        h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++) h[i] = _mm512_add_ps(lo[i], hi[i]);
     for (int i = 0; i < 2; i++)
         q[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
                              _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xdd));
@@ -385,6 +391,105 @@ static inline __m256 reduce8x16(const __m512 v[8]) {
     const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(p, p, 0x88), _mm512_shuffle_ps(p, p, 0xdd));
     return _mm512_castps512_ps256(_mm512_permutexvar_ps(
         _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums));
+}
+static inline __m256 reduce8x16(const __m512 v[8]) {
+    __m512 lo[4], hi[4];
+    reduce8x16_halves(v, lo, hi);
+    return reduce8x16_rest(lo, hi);
+}
+
+/* A partial last group of 2 blocks (SmolLM2's 576-column rows: 16 + 2) in a 2 x 4 tile, the 8
+ * pairs at once: the integer sums before the row's groups (tail2_2x4_sums), the float step
+ * after the first step of the tile's sums (tail2_2x4_scale). tail_step spends per pair two
+ * vpdpbusd, two permutes, two adds and a whole 512-bit scaling step on 2 lanes: on the 2-core
+ * Zen 4 a 576-column q8_0 product (16 activation rows, in cache: tests/bench/amx_products.c)
+ * took 0.31-0.34 ms with it, 0.22 with the tail left out (wrong sums), and 0.33 with a 256-bit
+ * form of tail_step whose float step ran on 128 bits; with this, in its own tile body (tile),
+ * 0.28 (q4_0 0.27-0.29 against 0.32-0.34). Here:
+ * - Integers: a weight row's 64 bytes of the tail (q8_0: elements 0..15 of both blocks, then
+ *   16..31; q4: the 32 bytes unpacked into low nibbles, high nibbles) are one vector whose lane
+ *   l holds a chunk of block l % 2, as is an activation row's (act_tail's two halves); one
+ *   vpdpbusd a pair (started at the activation row's offsets, lanes 0 and 1), then the 8 pairs'
+ *   16-lane vectors are added down together, three steps of two shuffles and an add on two
+ *   vectors at a time, into one vector: lane 4q + 2h + j holds pair q + 4h's block j (exact
+ *   integers, any order).
+ * - Floats, the same operations on the same lanes as scale_step's (convert, multiply by the
+ *   activation scale, FMA with the weight scale into the accumulator; q4_1's minimum FMA after
+ *   it): applied to reduce8x16's first step, lo[i], whose lanes 0, 1 and 8, 9 are the
+ *   accumulators' lanes 0, 1 of pairs 2i and 2i + 1 (weight rows 0 and 1 of activation row i)
+ *   before they are added to anything, with a mask: the other lanes are untouched, as the
+ *   zero scales past t leave them in scale_step. */
+static inline __attribute__((always_inline)) __m512 tail2_2x4_sums(
+    const int kind, int g, int nb, const uint8_t *w, size_t wstride, const act_group *a,
+    size_t astride) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const int ng = (nb + GROUP - 1) / GROUP;
+    __m512i wv[2];
+    for (int r = 0; r < 2; r++) {
+        const uint8_t *row = w + (size_t)r * wstride, *q = row + (size_t)g * GROUP * qbytes;
+        _mm_prefetch((const char *)q + PREFETCH, PF_HINT); /* as tail_step's */
+        if (kind == Q8_0) {
+            _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
+            wv[r] = _mm512_loadu_si512(q);
+        } else { /* the 32 bytes twice: low nibbles in lanes 0..7, high ones in 8..15 */
+            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
+            wv[r] = _mm512_and_si512(
+                _mm512_srlv_epi16(raw, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1)),
+                _mm512_set1_epi8(0x0f));
+        }
+    }
+    __m512i v[8]; /* pair r + 2c */
+    for (int c = 0; c < 4; c++) {
+        const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
+        const int8_t *tail = act_tail(arow, ng);
+        const __m512i y = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)tail)),
+            _mm256_load_si256((const __m256i *)(tail + 64)), 1);
+        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
+                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(arow[g].off4), 4)
+                                         : _mm512_load_si512(arow[g].off4);
+        for (int r = 0; r < 2; r++) v[r + 2 * c] = _mm512_dpbusd_epi32(off, wv[r], y);
+    }
+    __m512i h[4], x[2];
+    for (int i = 0; i < 4; i++) /* pair 2i in 128-bit blocks 0, 1, pair 2i + 1 in 2, 3 */
+        h[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0x44),
+                                _mm512_shuffle_i32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int m = 0; m < 2; m++) /* pair 4m + b in block b */
+        x[m] = _mm512_add_epi32(_mm512_shuffle_i32x4(h[2 * m], h[2 * m + 1], 0x88),
+                                _mm512_shuffle_i32x4(h[2 * m], h[2 * m + 1], 0xdd));
+    /* lane 4q + 2h + j: pair q + 4h, block j */
+    return _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_unpacklo_epi64(x[0], x[1]),
+                                               _mm512_unpackhi_epi64(x[0], x[1])));
+}
+static inline __attribute__((always_inline)) void tail2_2x4_scale(
+    const int kind, int g, int nb, const uint8_t *w, size_t wstride, const act_group *a,
+    size_t astride, const __m512 f, __m512 lo[4]) {
+    const size_t qbytes = kind == Q8_0 ? 32 : 16;
+    const int ng = (nb + GROUP - 1) / GROUP;
+    __m256i dw16 = _mm256_setzero_si256(), mw16 = _mm256_setzero_si256();
+    for (int r = 0; r < 2; r++) { /* the two scales in lanes 8r, 8r + 1 (q4_1's minimums alike) */
+        const hs_fp16 *d = (const hs_fp16 *)(w + (size_t)r * wstride + (size_t)nb * qbytes) +
+                           (size_t)g * GROUP;
+        dw16 = _mm256_mask_loadu_epi16(dw16, (__mmask16)(3u << 8 * r), d - 8 * r);
+        if (kind == Q4_1) mw16 = _mm256_mask_loadu_epi16(mw16, (__mmask16)(3u << 8 * r), d + nb - 8 * r);
+    }
+    const __m512 dw = _mm512_cvtph_ps(dw16);
+    const __m512 mw = kind == Q4_1 ? _mm512_cvtph_ps(mw16) : _mm512_setzero_ps();
+    const __mmask16 lanes = 0x0303;
+    for (int i = 0; i < 4; i++) {
+        /* pairs 2i and 2i + 1 (lanes 8i' + 2h + j of f, i' = 2i % 4, h = 2i / 4; the next
+         * pair 4 lanes on) into lanes 0, 1 and 8, 9 */
+        const int p0 = 4 * (2 * i % 4) + 2 * (2 * i / 4);
+        const __m512 prod = _mm512_permutexvar_ps(
+            _mm512_setr_epi32(p0, p0 + 1, 0, 0, 0, 0, 0, 0, p0 + 4, p0 + 5, 0, 0, 0, 0, 0, 0), f);
+        const act_group *arow = (const act_group *)((const char *)a + (size_t)i * astride);
+        const __m512 da = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)arow[g].d));
+        lo[i] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(prod, da), dw, lo[i], lanes);
+        if (kind == Q4_1) {
+            const __m512 sums = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)act_sums(arow, ng, g)));
+            lo[i] = _mm512_mask3_fmadd_ps(mw, sums, lo[i], lanes);
+        }
+    }
 }
 
 /* Groups g0..g1 - 1 of R weight rows x C activation rows into acc (the row's partial last
@@ -403,29 +508,40 @@ static inline __attribute__((always_inline)) void tile_groups(
         group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
 }
 
-/* R weight rows x C activation rows, all constants after inlining. Per group of 16 blocks and
- * pair: eight vpdpbusd, one convert, one multiply, one FMA. (tile_groups over 0..ng in effect;
- * written out because calling it changes GCC 12's avx512vnni code, which the VM's figures
- * measured.) */
-static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
-                                                       int nb, const uint8_t *w, size_t wstride,
-                                                       const act_group *a, size_t astride,
-                                                       float *out, size_t ostride) {
+/* How a row's partial last group is taken (tile_body's TK): a 2 x 4 tile's 2 blocks by
+ * tail2_2x4; any other by tail_step (at most 4 blocks) or group_step with masks, if there is
+ * one. */
+enum { TAIL_PACKED, TAIL_OTHER };
+
+/* R weight rows x C activation rows, all constants after inlining, TK the row's kind of partial
+ * last group. Per group of 16 blocks and pair: eight vpdpbusd, one convert, one multiply, one
+ * FMA. (tile_groups over 0..ng in effect; written out because calling it changes GCC 12's
+ * avx512vnni code, which the VM's figures measured.) */
+static inline __attribute__((always_inline)) void tile_body(
+    const int kind, const int R, const int C, const int TK, int nb, const uint8_t *w,
+    size_t wstride, const act_group *a, size_t astride, float *out, size_t ostride) {
     __m512 acc[4][TILE_MAX_C];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
-    const int ng = (nb + GROUP - 1) / GROUP, full = nb / GROUP;
+    const int full = nb / GROUP, t = nb - full * GROUP;
+    /* a 2 x 4 tile's 2-block tail: its integer sums before the groups, its float step after
+     * the first step of the sums (tail2_2x4_sums, tail2_2x4_scale) */
+    __m512 tail_sums = _mm512_setzero_ps();
+    if (TK == TAIL_PACKED) tail_sums = tail2_2x4_sums(kind, full, nb, w, wstride, a, astride);
     for (int g = 0; g < full; g++)
         group_step(kind, R, C, g, GROUP, nb, w, wstride, a, astride, acc);
-    if (full < ng && nb - full * GROUP <= 4)
-        tail_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
-    else if (full < ng)
-        group_step(kind, R, C, full, nb - full * GROUP, nb, w, wstride, a, astride, acc);
+    if (TK == TAIL_OTHER && t > 0 && t <= 4)
+        tail_step(kind, R, C, full, t, nb, w, wstride, a, astride, acc);
+    else if (TK == TAIL_OTHER && t > 0)
+        group_step(kind, R, C, full, t, nb, w, wstride, a, astride, acc);
     if (R * C == 8) { /* 4 x 2 or 2 x 4: lane r + R c of the sums holds pair (r, c) */
-        __m512 v[8];
+        __m512 v[8], lo[4], hi[4];
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) v[r + R * c] = acc[r][c];
-        const __m256 sums = reduce8x16(v);
+        reduce8x16_halves(v, lo, hi);
+        if (TK == TAIL_PACKED)
+            tail2_2x4_scale(kind, full, nb, w, wstride, a, astride, tail_sums, lo);
+        const __m256 sums = reduce8x16_rest(lo, hi);
         if (R == 4) {
             _mm_storeu_ps(out, _mm256_castps256_ps128(sums));
             _mm_storeu_ps(out + ostride, _mm256_extractf128_ps(sums, 1));
@@ -440,6 +556,24 @@ static inline __attribute__((always_inline)) void tile(const int kind, const int
     }
     for (int r = 0; r < R; r++)
         for (int c = 0; c < C; c++) out[(size_t)c * ostride + r] = _mm512_reduce_add_ps(acc[r][c]);
+}
+
+/* tile_body with a 2 x 4 tile's 2-block tail (tail2_2x4) in a body of its own, so that GCC
+ * allocates its registers for that tail alone: in the body with tail_step and the masked group
+ * it kept the accumulators on the stack through the groups. One 2 x 4 tile of 576 q8_0 columns
+ * over and over in L1 (2-core Zen 4, best of 7 processes): 45.7 ns with tail_step, 39.1 like
+ * this, 33 with no tail at all. Every other row keeps the one body with the other tails: a body
+ * for rows without a tail too made 512-column tiles 7 % faster but those of 17, 19 and 23 blocks
+ * 15-18 % slower. */
+static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
+                                                       int nb, const uint8_t *w, size_t wstride,
+                                                       const act_group *a, size_t astride,
+                                                       float *out, size_t ostride) {
+    const int t = nb % GROUP;
+    if (R == 2 && C == 4 && t == 2)
+        tile_body(kind, R, C, TAIL_PACKED, nb, w, wstride, a, astride, out, ostride);
+    else
+        tile_body(kind, R, C, TAIL_OTHER, nb, w, wstride, a, astride, out, ostride);
 }
 
 #ifndef TILE_1X8_GROUPS
