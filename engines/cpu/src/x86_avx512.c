@@ -419,6 +419,13 @@ static inline __m256 reduce8x16(const __m512 v[8]) {
  *   accumulators' lanes 0, 1 of pairs 2i and 2i + 1 (weight rows 0 and 1 of activation row i)
  *   before they are added to anything, with a mask: the other lanes are untouched, as the
  *   zero scales past t leave them in scale_step. */
+/* p[0], p[1] in every pair of lanes (one broadcast load; memcpy: p is a float array) */
+static inline __m512 pair_everywhere(const float *p) {
+    double two;
+    memcpy(&two, p, sizeof two);
+    return _mm512_castpd_ps(_mm512_set1_pd(two));
+}
+
 static inline __attribute__((always_inline)) __m512 tail2_2x4_sums(
     const int kind, int g, int nb, const uint8_t *w, size_t wstride, const act_group *a,
     size_t astride) {
@@ -483,10 +490,10 @@ static inline __attribute__((always_inline)) void tail2_2x4_scale(
         const __m512 prod = _mm512_permutexvar_ps(
             _mm512_setr_epi32(p0, p0 + 1, 0, 0, 0, 0, 0, 0, p0 + 4, p0 + 5, 0, 0, 0, 0, 0, 0), f);
         const act_group *arow = (const act_group *)((const char *)a + (size_t)i * astride);
-        const __m512 da = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)arow[g].d));
+        const __m512 da = pair_everywhere(arow[g].d);
         lo[i] = _mm512_mask3_fmadd_ps(_mm512_mul_ps(prod, da), dw, lo[i], lanes);
         if (kind == Q4_1) {
-            const __m512 sums = _mm512_castpd_ps(_mm512_set1_pd(*(const double *)act_sums(arow, ng, g)));
+            const __m512 sums = pair_everywhere(act_sums(arow, ng, g));
             lo[i] = _mm512_mask3_fmadd_ps(mw, sums, lo[i], lanes);
         }
     }
