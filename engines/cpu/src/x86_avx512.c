@@ -439,10 +439,10 @@ static inline __attribute__((always_inline)) __m512 tail2_2x4_sums(
             _mm_prefetch((const char *)q + PREFETCH + 64, PF_HINT);
             wv[r] = _mm512_loadu_si512(q);
         } else { /* the 32 bytes twice: low nibbles in lanes 0..7, high ones in 8..15 */
-            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q));
-            wv[r] = _mm512_and_si512(
-                _mm512_srlv_epi16(raw, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1)),
-                _mm512_set1_epi8(0x0f));
+            const __m512i raw = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)q)),
+                          shift = _mm512_inserti64x4(_mm512_setzero_si512(),
+                                                     _mm256_set1_epi16(4), 1);
+            wv[r] = _mm512_and_si512(_mm512_srlv_epi16(raw, shift), _mm512_set1_epi8(0x0f));
         }
     }
     __m512i v[8]; /* pair r + 2c */
@@ -478,14 +478,15 @@ static inline __attribute__((always_inline)) void tail2_2x4_scale(
         const hs_fp16 *d = (const hs_fp16 *)(w + (size_t)r * wstride + (size_t)nb * qbytes) +
                            (size_t)g * GROUP;
         dw16 = _mm256_mask_loadu_epi16(dw16, (__mmask16)(3u << 8 * r), d - 8 * r);
-        if (kind == Q4_1) mw16 = _mm256_mask_loadu_epi16(mw16, (__mmask16)(3u << 8 * r), d + nb - 8 * r);
+        if (kind == Q4_1)
+            mw16 = _mm256_mask_loadu_epi16(mw16, (__mmask16)(3u << 8 * r), d + nb - 8 * r);
     }
     const __m512 dw = _mm512_cvtph_ps(dw16);
     const __m512 mw = kind == Q4_1 ? _mm512_cvtph_ps(mw16) : _mm512_setzero_ps();
     const __mmask16 lanes = 0x0303;
     for (int i = 0; i < 4; i++) {
-        /* pairs 2i and 2i + 1 (lanes 8i' + 2h + j of f, i' = 2i % 4, h = 2i / 4; the next
-         * pair 4 lanes on) into lanes 0, 1 and 8, 9 */
+        /* pair 2i (f's lanes 4q + 2h + j, q = 2i % 4, h = 2i / 4) into lanes 0, 1, pair
+         * 2i + 1 (q + 1: 4 lanes on) into 8, 9 */
         const int p0 = 4 * (2 * i % 4) + 2 * (2 * i / 4);
         const __m512 prod = _mm512_permutexvar_ps(
             _mm512_setr_epi32(p0, p0 + 1, 0, 0, 0, 0, 0, 0, p0 + 4, p0 + 5, 0, 0, 0, 0, 0, 0), f);
