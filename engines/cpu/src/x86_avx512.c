@@ -569,10 +569,10 @@ static inline __attribute__((always_inline)) void tile_body(
 /* tile_body with a 2 x 4 tile's 2-block tail (tail2_2x4) in a body of its own, so that GCC
  * allocates its registers for that tail alone: in the body with tail_step and the masked group
  * it kept the accumulators on the stack through the groups. One 2 x 4 tile of 576 q8_0 columns
- * over and over in L1 (2-core Zen 4, best of 7 processes): 45.7 ns with tail_step, 39.1 like
- * this, 33 with no tail at all. Every other row keeps the one body with the other tails: a body
- * for rows without a tail too made 512-column tiles 7 % faster but those of 17, 19 and 23 blocks
- * 15-18 % slower. */
+ * over and over in L1 (2-core Zen 4, best of 7 processes, tests/bench/tile_in_l1.sh): 45.7 ns
+ * with tail_step, 39.1 like this, 33 with no tail at all. Every other row keeps the one body
+ * with the other tails: a body for rows without a tail too made 512-column tiles 7 % faster but
+ * those of 17, 19, 20 and 23 blocks 13-20 % slower. */
 static inline __attribute__((always_inline)) void tile(const int kind, const int R, const int C,
                                                        int nb, const uint8_t *w, size_t wstride,
                                                        const act_group *a, size_t astride,
