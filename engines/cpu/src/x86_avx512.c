@@ -201,6 +201,16 @@ enum { Q4_0, Q4_1, Q8_0 };
 #define TILE_MAX_C 4
 #endif
 
+/* Where a group's integer sums start: the unsigned weights' correction, -8 (q4_0) or -128
+ * (q8_0: 16 x off4) times each block's activation sum; none for q4_1 (its minimum is a float
+ * step). */
+static inline __attribute__((always_inline)) __m512i start_offsets(const int kind,
+                                                                   const act_group *g) {
+    if (kind == Q4_1) return _mm512_setzero_si512();
+    const __m512i off4 = _mm512_load_si512(g->off4);
+    return kind == Q8_0 ? _mm512_slli_epi32(off4, 4) : off4;
+}
+
 /* The float part of a group of t blocks: per pair and lane (block) j,
  * acc = fma(cvt(s) * d_act, d_weight, acc), q4_1's acc = fma(m, d_act * sum, acc) after it;
  * lanes past t meet zero scales (masked loads, zero-padded activations) and add +0. */
@@ -282,9 +292,7 @@ static inline __attribute__((always_inline)) void group_step(
         y[c] = (const act_group *)((const char *)a + (size_t)c * astride) + g;
     __m512i s[4][TILE_MAX_C];
     for (int c = 0; c < C; c++) {
-        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
-                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(y[c]->off4), 4)
-                                         : _mm512_load_si512(y[c]->off4);
+        const __m512i off = start_offsets(kind, y[c]);
         for (int r = 0; r < R; r++) s[r][c] = off;
     }
     /* each weight row's chunk used as soon as it is loaded (fewer registers live). q4 in R x 2
@@ -355,9 +363,7 @@ static inline __attribute__((always_inline)) void tail_step(
         const act_group *arow = (const act_group *)((const char *)a + (size_t)c * astride);
         const int8_t *tail = act_tail(arow, ng);
         const __m512i ylo = _mm512_load_si512(tail), yhi = _mm512_load_si512(tail + 64);
-        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
-                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(arow[g].off4), 4)
-                                         : _mm512_load_si512(arow[g].off4);
+        const __m512i off = start_offsets(kind, &arow[g]);
         for (int r = 0; r < R; r++) {
             __m512i v = _mm512_dpbusd_epi32(off, wl[r], ylo);
             v = _mm512_dpbusd_epi32(v, wh[r], yhi);
@@ -398,12 +404,19 @@ static inline __m256 reduce8x16(const __m512 v[8]) {
     return reduce8x16_rest(lo, hi);
 }
 
+/* p[0], p[1] in every pair of lanes (one broadcast load; memcpy: p is a float array) */
+static inline __m512 pair_everywhere(const float *p) {
+    double two;
+    memcpy(&two, p, sizeof two);
+    return _mm512_castpd_ps(_mm512_set1_pd(two));
+}
+
 /* A partial last group of 2 blocks (SmolLM2's 576-column rows: 16 + 2) in a 2 x 4 tile, the 8
  * pairs at once: the integer sums before the row's groups (tail2_2x4_sums), the float step
  * after the first step of the tile's sums (tail2_2x4_scale). tail_step spends per pair two
  * vpdpbusd, two permutes, two adds and a whole 512-bit scaling step on 2 lanes: on the 2-core
  * Zen 4 a 576-column q8_0 product (16 activation rows, in cache: tests/bench/amx_products.c)
- * took 0.31-0.34 ms with it, 0.22 with the tail left out (wrong sums), and 0.33 with a 256-bit
+ * took 0.31-0.36 ms with it, 0.22 with the tail left out (wrong sums), and 0.33 with a 256-bit
  * form of tail_step whose float step ran on 128 bits; with this, in its own tile body (tile),
  * 0.28 (q4_0 0.27-0.29 against 0.32-0.34). Here:
  * - Integers: a weight row's 64 bytes of the tail (q8_0: elements 0..15 of both blocks, then
@@ -419,13 +432,6 @@ static inline __m256 reduce8x16(const __m512 v[8]) {
  *   accumulators' lanes 0, 1 of pairs 2i and 2i + 1 (weight rows 0 and 1 of activation row i)
  *   before they are added to anything, with a mask: the other lanes are untouched, as the
  *   zero scales past t leave them in scale_step. */
-/* p[0], p[1] in every pair of lanes (one broadcast load; memcpy: p is a float array) */
-static inline __m512 pair_everywhere(const float *p) {
-    double two;
-    memcpy(&two, p, sizeof two);
-    return _mm512_castpd_ps(_mm512_set1_pd(two));
-}
-
 static inline __attribute__((always_inline)) __m512 tail2_2x4_sums(
     const int kind, int g, int nb, const uint8_t *w, size_t wstride, const act_group *a,
     size_t astride) {
@@ -452,9 +458,7 @@ static inline __attribute__((always_inline)) __m512 tail2_2x4_sums(
         const __m512i y = _mm512_inserti64x4(
             _mm512_castsi256_si512(_mm256_load_si256((const __m256i *)tail)),
             _mm256_load_si256((const __m256i *)(tail + 64)), 1);
-        const __m512i off = kind == Q4_1 ? _mm512_setzero_si512()
-                          : kind == Q8_0 ? _mm512_slli_epi32(_mm512_load_si512(arow[g].off4), 4)
-                                         : _mm512_load_si512(arow[g].off4);
+        const __m512i off = start_offsets(kind, &arow[g]);
         for (int r = 0; r < 2; r++) v[r + 2 * c] = _mm512_dpbusd_epi32(off, wv[r], y);
     }
     __m512i h[4], x[2];
