@@ -85,15 +85,24 @@ def test_the_amx_variant_with_emulated_tiles_matches_the_reference(tmp_path):
     assert line and int(line.group(1)) > 0 and line.group(2) == "0", result.stdout
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or not avx512_bf16(),
-                    reason="built with avx512vnni's flags")
-def test_the_attention_vector_expf_is_the_c_librarys_bit_for_bit(kernel_test):
+def avx2() -> bool:
+    return bool(re.search(r"\bavx2\b", Path("/proc/cpuinfo").read_text()))
+
+
+@pytest.mark.parametrize("target, granted", [
+    pytest.param("expf_check", avx512_bf16, id="avx512"),
+    pytest.param("expf_check_avx2", avx2, id="avx2"),
+])
+def test_the_attention_vector_expf_is_the_c_librarys_bit_for_bit(kernel_test, target, granted):
     # The exact hand-off's prefill engine repeats glibc's expf (prefill/exact.py); the vector
     # form in the attention (x86_common.h) must give the same bits for every float: here every
-    # 61st group of 8 bit patterns (70 million floats, all of them with `expf_check all`).
-    subprocess.run(["cmake", "--build", str(kernel_test.parent), "--target", "expf_check",
-                    "-j2"], check=True, capture_output=True)
-    result = subprocess.run([str(kernel_test.parent / "expf_check")], capture_output=True,
+    # 61st group of 8 bit patterns (70 million floats, all of them with `expf_check all`), for
+    # each of its two forms (AVX-512's permutes, AVX2's 4-double halves and gathers).
+    if platform.machine() != "x86_64" or not granted():
+        pytest.skip(f"{target} is built with flags this CPU does not grant")
+    subprocess.run(["cmake", "--build", str(kernel_test.parent), "--target", target, "-j2"],
+                   check=True, capture_output=True)
+    result = subprocess.run([str(kernel_test.parent / target)], capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout
     assert re.search(r"^checked \d{8,} floats: 0 mismatches$", result.stdout, re.MULTILINE)

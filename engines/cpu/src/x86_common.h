@@ -116,16 +116,17 @@ static inline void axpys_span_f16(int hd, const hs_fp16 *const *v, const float *
             for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[p * ng + g] * hs_f16(v[p][j]);
 }
 
-#ifdef __AVX512F__
-/* glibc's expf, bit for bit, 8 at a time (the avx512 variants; avx2 keeps the C library's): the
- * attention's softmax calls it once per position and head, and the exact hand-off's prefill
- * engine repeats glibc's algorithm (prefill/exact.py), so the vector form must give its very
- * bits. The algorithm of glibc >= 2.28 (sysdeps/ieee754/flt-32/e_expf.c) as its FMA build
- * computes it - the ifunc every AVX2 host takes: in double, k = round(x * 32/ln 2) by
- * fma(32/ln 2, x, 1.5 * 2^52), r = fma(32/ln 2, x, -k), 2^(k/32) from a 32-entry table (looked
- * up by two two-register permutes) with k >> 5 added to the exponent, a cubic in r in three fused
- * steps, rounded to float once. x beyond the float range: 0, +inf, NaN as glibc returns them.
- * Checked against the C library's expf over every float (tests/expf_check.c). */
+/* glibc's expf, bit for bit, 8 at a time: the attention's softmax calls it once per position
+ * and head, and the exact hand-off's prefill engine repeats glibc's algorithm
+ * (prefill/exact.py), so the vector form must give its very bits. The algorithm of glibc >= 2.28
+ * (sysdeps/ieee754/flt-32/e_expf.c) as its FMA build computes it - the ifunc every AVX2 host
+ * takes: in double, k = round(x * 32/ln 2) by fma(32/ln 2, x, 1.5 * 2^52), r = fma(32/ln 2, x,
+ * -k), 2^(k/32) from a 32-entry table (AVX-512: looked up by two two-register permutes; AVX2: two
+ * 4-lane gathers, the 8 lanes in two halves of 4 doubles) with k >> 5 added to the exponent, a
+ * cubic in r in three fused steps, rounded to float once. x beyond the float range: 0, +inf, NaN
+ * as glibc returns them. Checked against the C library's expf over every float
+ * (tests/expf_check.c, built once with each variant's flags). The avx2 variant called the C
+ * library's expf one score at a time until 2026-12-07 (docs/benchmarks.md, seventeenth round). */
 #define HS_EXPS 1
 static const uint64_t hs_exp2f_tab[32] = { /* bits of 2^(i/32) minus i << 47 (glibc's table) */
     0x3ff0000000000000ULL, 0x3fefd9b0d3158574ULL, 0x3fefb5586cf9890fULL, 0x3fef9301d0125b51ULL,
@@ -138,6 +139,14 @@ static const uint64_t hs_exp2f_tab[32] = { /* bits of 2^(i/32) minus i << 47 (gl
     0x3fef5818dcfba487ULL, 0x3fef7c97337b9b5fULL, 0x3fefa4afa2a490daULL, 0x3fefd0765b6e4540ULL,
 };
 
+/* out where x is in expf's normal range; beyond it 0 (below), +inf (above) and x + x (NaN). */
+static inline __m256 expf8_ranges(__m256 x, __m256 out) {
+    out = _mm256_blendv_ps(out, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ));
+    out = _mm256_blendv_ps(out, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ));
+    return _mm256_blendv_ps(out, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+#ifdef __AVX512F__
 static inline __m256 expf8(__m256 x) {
     const __m512d xd = _mm512_cvtps_pd(x);
     const __m512d invln2n = _mm512_set1_pd(0x1.71547652b82fep+0 * 32);
@@ -157,10 +166,7 @@ static inline __m256 expf8(__m256 x) {
     __m512d y = _mm512_fmadd_pd(_mm512_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm512_set1_pd(1.0));
     y = _mm512_fmadd_pd(z, r2, y);
     y = _mm512_mul_pd(y, _mm512_castsi512_pd(t));
-    __m256 out = _mm512_cvtpd_ps(y);
-    out = _mm256_blendv_ps(out, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ));
-    out = _mm256_blendv_ps(out, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ));
-    return _mm256_blendv_ps(out, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    return expf8_ranges(x, _mm512_cvtpd_ps(y));
 }
 
 /* x[i] = expf(x[i]) for i < n, as glibc's expf. */
@@ -170,7 +176,63 @@ static inline void exps(float *x, int n) {
         _mm256_mask_storeu_ps(x + i, m, expf8(_mm256_maskz_loadu_ps(m, x + i)));
     }
 }
+#else
+/* The same steps on 4 doubles (x converted from float), up to the rounding to float. */
+static inline __m256d expf4_pd(__m256d xd) {
+    const __m256d invln2n = _mm256_set1_pd(0x1.71547652b82fep+0 * 32);
+    const __m256d shift = _mm256_set1_pd(0x1.8p+52);
+    const __m256d kd0 = _mm256_fmadd_pd(invln2n, xd, shift);
+    const __m256i ki = _mm256_castpd_si256(kd0);
+    const __m256d kd = _mm256_sub_pd(kd0, shift);
+    const __m256d r = _mm256_fmsub_pd(invln2n, xd, kd);
+    __m256i t = _mm256_i64gather_epi64((const long long *)hs_exp2f_tab,
+                                       _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
+    const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
+                                      _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), r, _mm256_set1_pd(1.0));
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_mul_pd(y, _mm256_castsi256_pd(t));
+}
+
+static inline __m256 expf8(__m256 x) {
+    const __m128 lo = _mm256_cvtpd_ps(expf4_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x))));
+    const __m128 hi = _mm256_cvtpd_ps(expf4_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1))));
+    return expf8_ranges(x, _mm256_set_m128(hi, lo));
+}
+
+/* x[i] = expf(x[i]) for i < n, as glibc's expf. */
+static inline void exps(float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, expf8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(x + i, m, expf8(_mm256_maskload_ps(x + i, m)));
+    }
+}
 #endif
+
+/* gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j], 8 at a time: expf8 is glibc's expf bit for
+ * bit (tests/expf_check.c) and the other steps are single IEEE operations, so the same bits as
+ * model.c's scalar loop (the exact hand-off's SwiGLU). */
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 e = expf8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void swiglu(size_t n, float *gate, const float *up) {
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(gate + j, swiglu8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
+    if (j < n) {
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(gate + j, m, swiglu8(_mm256_maskload_ps(gate + j, m),
+                                                 _mm256_maskload_ps(up + j, m)));
+    }
+}
 
 static float dot_f16(int n, const hs_fp16 *w, const float *x) {
     float out;
@@ -224,6 +286,13 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
 #define AXPY_ROWS 2
 #endif
 
+/* Elements j..j+7 of a K or V row as floats: an fp16 row converted (exactly), or a row the
+ * packed layout already holds in float (HS_ROWS_F32: the same values). */
+static inline __attribute__((always_inline)) __m256 load8(const int f32, const void *row, int j) {
+    return f32 ? _mm256_loadu_ps((const float *)row + j)
+               : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const hs_fp16 *)row + j)));
+}
+
 /* The horizontal sums of eight vectors (hsum_ps each, the same additions), in one vector. */
 static inline __m256 hsum8_ps(const __m256 *a) {
     __m256 t[4];
@@ -238,7 +307,7 @@ static inline __m256 hsum8_ps(const __m256 *a) {
 
 /* Scores of rows q[0..R) against the 8 K rows k8: s[r][s0 .. s0 + 8). */
 static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, const float *const *q,
-                                                             const hs_fp16 *const *k8,
+                                                             const int f32, const void *const *k8,
                                                              float (*s)[HS_ATTN_SPAN], int s0) {
     __m256 a[ROWS_TILE][8];
     for (int r = 0; r < R; r++)
@@ -247,7 +316,7 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
         __m256 qv[ROWS_TILE];
         for (int r = 0; r < R; r++) qv[r] = _mm256_loadu_ps(q[r] + j);
         for (int i = 0; i < 8; i++) {
-            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(k8[i] + j)));
+            const __m256 k = load8(f32, k8[i], j);
             for (int r = 0; r < R; r++) a[r][i] = _mm256_fmadd_ps(k, qv[r], a[r][i]);
         }
     }
@@ -269,8 +338,8 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
 #endif
 
 /* acc[r][0..hd) += w[r][p] * v[p] for positions [from, to) in order, R rows at once. */
-static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
-                                                             const hs_fp16 *const *v, int from,
+static inline __attribute__((always_inline)) void rows_axpys(int R, int hd, const int f32,
+                                                             const void *const *v, int from,
                                                              int to, const float (*w)[HS_ATTN_SPAN],
                                                              float *const *acc,
                                                              const hs_fp16 *const *pf, int npf) {
@@ -284,7 +353,7 @@ static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
                     _mm_prefetch((const char *)pf[p] + b, ATTN_PF_HINT);
             __m256 vv[4];
             for (int c = 0; c < 4; c++)
-                vv[c] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v[p] + j + 8 * c)));
+                vv[c] = load8(f32, v[p], j + 8 * c);
             for (int r = 0; r < R; r++) {
                 const __m256 wr = _mm256_set1_ps(w[r][p]);
                 for (int c = 0; c < 4; c++) a[r][c] = _mm256_fmadd_ps(wr, vv[c], a[r][c]);
@@ -295,7 +364,6 @@ static inline __attribute__((always_inline)) void rows_axpys(int R, int hd,
     }
 }
 
-#ifdef __AVX512F__
 /* 8 x 8 transpose: t[i] lane j <- t[j] lane i. */
 static inline void transpose8_ps(__m256 t[8]) {
     __m256 a[8], b[8];
@@ -320,6 +388,32 @@ static inline void transpose8_ps(__m256 t[8]) {
  * the rescale of l and acc, e = expf(s - max), the sum in position order, l += sum) while the 8
  * sums' chains run side by side instead of one row's 64-deep chain at a time. Rows with no
  * score are left as they are. Scores past a row's nr[r] are overwritten but never read. */
+/* softmax_rows8's lanes of rows still inside their scores at position p (lim[r] > p), and its
+ * two masked steps: AVX-512's mask registers, AVX2's blends of the same results. */
+#ifdef __AVX512F__
+typedef __mmask8 lanes8;
+static inline lanes8 lanes_below(__m256i lim, int p) {
+    return _mm256_cmpgt_epi32_mask(lim, _mm256_set1_epi32(p));
+}
+static inline __m256 max_in(__m256 max, lanes8 in, __m256 v) {
+    return _mm256_mask_max_ps(max, in, v, max); /* vmaxps: v > max ? v : max */
+}
+static inline __m256 add_in(__m256 sum, lanes8 in, __m256 e) {
+    return _mm256_mask_add_ps(sum, in, sum, e);
+}
+#else
+typedef __m256 lanes8;
+static inline lanes8 lanes_below(__m256i lim, int p) {
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lim, _mm256_set1_epi32(p)));
+}
+static inline __m256 max_in(__m256 max, lanes8 in, __m256 v) {
+    return _mm256_blendv_ps(max, _mm256_max_ps(v, max), in);
+}
+static inline __m256 add_in(__m256 sum, lanes8 in, __m256 e) {
+    return _mm256_blendv_ps(sum, _mm256_add_ps(sum, e), in);
+}
+#endif
+
 static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
                                  float (*s)[HS_ATTN_SPAN], float *m, float *l, float *const *acc) {
     _Alignas(32) float st[HS_ATTN_SPAN][8]; /* [position][row] */
@@ -339,9 +433,8 @@ static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
         for (int r = 0; r < 8; r++) t[r] = r < R ? _mm256_load_ps(s[r] + p0) : _mm256_setzero_ps();
         transpose8_ps(t);
         for (int i = 0; i < 8 && p0 + i < n; i++) {
-            const __mmask8 in = _mm256_cmpgt_epi32_mask(limv, _mm256_set1_epi32(p0 + i));
             const __m256 v = _mm256_mul_ps(t[i], scalev);
-            maxv = _mm256_mask_max_ps(maxv, in, v, maxv); /* vmaxps: v > max ? v : max */
+            maxv = max_in(maxv, lanes_below(limv, p0 + i), v);
             _mm256_store_ps(st[p0 + i], v);
         }
     }
@@ -349,9 +442,8 @@ static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
     _mm256_store_ps(rs, rescale);
     __m256 sum = _mm256_setzero_ps();
     for (int p = 0; p < n; p++) {
-        const __mmask8 in = _mm256_cmpgt_epi32_mask(limv, _mm256_set1_epi32(p));
         const __m256 e = expf8(_mm256_sub_ps(_mm256_load_ps(st[p]), maxv));
-        sum = _mm256_mask_add_ps(sum, in, sum, e);
+        sum = add_in(sum, lanes_below(limv, p), e);
         _mm256_store_ps(st[p], e);
     }
     _Alignas(32) float lv[8], mv[8];
@@ -373,7 +465,6 @@ static inline void softmax_rows8(int hd, int R, const int *nr, float scale,
         for (int r = 0; r < R; r++) _mm256_store_ps(s[r] + p0, t[r]);
     }
 }
-#endif
 
 /* Every cache line of rows [from, to) of k and v, fetched ahead. */
 static inline void prefetch_rows(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
@@ -391,11 +482,11 @@ static inline void prefetch_rows(int hd, const hs_fp16 *const *k, const hs_fp16 
  * it runs; inlined into each caller, so that a prefill chunk's (NULL, 0) compiles the fetching
  * out (left in as run-time checks it cost attend_rows 5 %: tests/bench/attend_rows.sh). */
 static inline __attribute__((always_inline)) void rows_span(int hd, int first, int last, const int *nr, float scale,
-                             const float *const *q, const hs_fp16 *const *k,
-                             const hs_fp16 *const *v, int n, float *m, float *l, float *const *acc,
+                             const float *const *q, const int f32, const void *const *k,
+                             const void *const *v, int n, float *m, float *l, float *const *acc,
                              float (*s)[HS_ATTN_SPAN], const hs_fp16 *const *next_k,
                              const hs_fp16 *const *next_v, int next_n) {
-    static const hs_fp16 zero_row[HS_ATTN_HD]; /* the scores past n of the last 8: never used */
+    static const float zero_row[HS_ATTN_HD]; /* the scores past n of the last 8: never used */
     for (int r0 = first; r0 < last; r0 += ROWS_TILE) {
         const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
         int most = 0;
@@ -405,17 +496,16 @@ static inline __attribute__((always_inline)) void rows_span(int hd, int first, i
                 for (int i = p; i < p + 8 && i < next_n; i++)
                     for (int b = 0; b < hd * (int)sizeof(hs_fp16); b += 64)
                         _mm_prefetch((const char *)next_k[i] + b, ATTN_PF_HINT);
-            const hs_fp16 *k8[8];
+            const void *k8[8];
             for (int i = 0; i < 8; i++) k8[i] = p + i < n ? k[p + i] : zero_row;
 #if ROWS_TILE == 3
-            if (R == 3) rows_dots8(3, hd, q + r0, k8, s + r0, p);
-            else if (R == 2) rows_dots8(2, hd, q + r0, k8, s + r0, p);
+            if (R == 3) rows_dots8(3, hd, q + r0, f32, k8, s + r0, p);
+            else if (R == 2) rows_dots8(2, hd, q + r0, f32, k8, s + r0, p);
             else
 #endif
-            rows_dots8(1, hd, q + r0, k8, s + r0, p);
+            rows_dots8(1, hd, q + r0, f32, k8, s + r0, p);
         }
     }
-#ifdef __AVX512F__
     /* attend.h's softmax step, 8 rows at once; 3 rows or fewer (SmolLM2's one-token heads per
      * KV head) row by row, where an 8-lane exp per position would do more work than it saves */
     for (int r0 = first; r0 < last; r0 += 8) {
@@ -426,10 +516,6 @@ static inline __attribute__((always_inline)) void rows_span(int hd, int first, i
             for (int r = r0; r < r0 + R; r++)
                 if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
     }
-#else
-    for (int r = first; r < last; r++) /* attend.h's softmax step, row by row */
-        if (nr[r] > 0) softmax_step(hd, s[r], 1, nr[r], scale, m + r, l + r, acc[r]);
-#endif
     const float (*w)[HS_ATTN_SPAN] = (const float (*)[HS_ATTN_SPAN])s;
     /* the rows in tiles of at most AXPY_ROWS, as even as they go (15: 3 + 4 + 4 + 4, not
      * 4 + 4 + 4 and then 3 single rows, each converting every V row again for one row) */
@@ -446,18 +532,18 @@ static inline __attribute__((always_inline)) void rows_span(int hd, int first, i
 #if AXPY_ROWS > 2
 #if AXPY_ROWS > 4
 #if AXPY_ROWS > 5
-        case 6: rows_axpys(6, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 6: rows_axpys(6, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 5: rows_axpys(5, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 5: rows_axpys(5, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 4: rows_axpys(4, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
-        case 3: rows_axpys(3, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 4: rows_axpys(4, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 3: rows_axpys(3, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
 #endif
-        case 2: rows_axpys(2, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
-        default: rows_axpys(1, hd, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        case 2: rows_axpys(2, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
+        default: rows_axpys(1, hd, f32, v, 0, common, w + r0, acc + r0, pv, npv); break;
         }
         for (int r = r0; r < r0 + R; r++)
-            if (nr[r] > common) rows_axpys(1, hd, v, common, nr[r], w + r, acc + r, NULL, 0);
+            if (nr[r] > common) rows_axpys(1, hd, f32, v, common, nr[r], w + r, acc + r, NULL, 0);
         r0 += R;
     }
 }
@@ -486,29 +572,58 @@ static void attend_f16_rows(int hd, int ng, float scale, const float *q, const h
         const int next = ATTN_PF ? (count - p0 - n < HS_ATTN_SPAN ? count - p0 - n : HS_ATTN_SPAN) : 0;
         if (ATTN_PF && p0 == 0) prefetch_rows(hd, k, v, 0, n);
         for (int g = 0; g < ng; g++) nr[g] = n;
-        rows_span(hd, 0, ng, nr, scale, qs, k + p0, v + p0, n, m, l, as, s, k + p0 + n, v + p0 + n,
+        rows_span(hd, 0, ng, nr, scale, qs, 0, (const void *const *)(k + p0),
+                  (const void *const *)(v + p0), n, m, l, as, s, k + p0 + n, v + p0 + n,
                   next);
     }
 }
 
+/* The packed layout's element: HS_ROWS_F32 1 holds K and V as floats, converted once by
+ * rows_pack for every row and span that reads them (the exact conversion: the same values, the
+ * same bits); 0 copies the fp16 rows, each converted where it is read. The avx2 variant packs
+ * floats: with 16 registers its scores take one row at a time (ROWS_TILE 1), so every K element
+ * was converted once per row, and a conversion takes a slot the FMAs need (tests/bench/
+ * attend_rows.sh on a Zen 3, docs/benchmarks.md, seventeenth round); the AVX-512 variants
+ * convert once per 3 rows (scores) and 4 (the weighted sum) and keep fp16. */
+#ifndef HS_ROWS_F32
+#ifdef __AVX512F__
+#define HS_ROWS_F32 0
+#else
+#define HS_ROWS_F32 1
+#endif
+#endif
+#if HS_ROWS_F32
+typedef float rows_elem;
+#else
+typedef hs_fp16 rows_elem;
+#endif
+
 static inline size_t rows_bytes(int hd, int count) {
-    return (size_t)count * 2 * (size_t)hd * sizeof(hs_fp16);
+    return (size_t)count * 2 * (size_t)hd * sizeof(rows_elem);
 }
 
-/* Position p's K row at buf + 2 hd p, its V row after it. */
+/* Position p's K row at buf + 2 hd p (elements), its V row after it. */
 static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
                              int count, void *buf) {
-    hs_fp16 *b = buf;
+    rows_elem *b = buf;
     for (int p = from; p < count; p++) {
+#if HS_ROWS_F32
+        for (int j = 0; j < hd; j += 8) {
+            _mm256_storeu_ps(b + (size_t)p * 2 * hd + j, load8(0, k[p], j));
+            _mm256_storeu_ps(b + ((size_t)p * 2 + 1) * hd + j, load8(0, v[p], j));
+        }
+#else
         memcpy(b + (size_t)p * 2 * hd, k[p], sizeof(hs_fp16) * (size_t)hd);
         memcpy(b + ((size_t)p * 2 + 1) * hd, v[p], sizeof(hs_fp16) * (size_t)hd);
+#endif
     }
 }
 
 /* attend_rows (kernels.h): row r attends the first lim[r] packed positions. */
 static inline void rows_attend(int hd, int nq, float scale, const float *const *q, const int *lim,
                                const void *buf, int count, float *m, float *l, float *const *acc) {
-    const hs_fp16 *kv = buf, *k[HS_ATTN_SPAN], *v[HS_ATTN_SPAN];
+    const rows_elem *kv = buf;
+    const void *k[HS_ATTN_SPAN], *v[HS_ATTN_SPAN];
     _Alignas(32) float s[HS_ATTN_ROWS][HS_ATTN_SPAN];
     for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
         const int n = count - p0 < HS_ATTN_SPAN ? count - p0 : HS_ATTN_SPAN;
@@ -521,9 +636,10 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
         if (first >= last) break; /* lim[r] <= count: no later span has any */
         for (int p = 0; p < n; p++) {
             k[p] = kv + (size_t)(p0 + p) * 2 * hd;
-            v[p] = k[p] + hd;
+            v[p] = kv + ((size_t)(p0 + p) * 2 + 1) * hd;
         }
-        rows_span(hd, first, last, nr, scale, q, k, v, n, m, l, acc, s, NULL, NULL, 0);
+        rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, k, v, n, m, l, acc, s, NULL, NULL,
+                  0);
     }
 }
 

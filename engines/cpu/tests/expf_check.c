@@ -1,4 +1,5 @@
-/* The attention's vector expf (x86_common.h: expf8, built with AVX-512) against
+/* The attention's vector expf (x86_common.h: expf8, built with AVX-512 as expf_check and with
+ * AVX2 alone as expf_check_avx2, two forms of the same steps) against
  * the C library's expf, bit for bit, over every float bit pattern with a stride (all of them with
  * the argument "all"): the exact hand-off's prefill engine repeats glibc's expf (prefill/exact.py),
  * so the vector form must not differ from it in any bit. Prints the count checked and mismatches;
