@@ -45,7 +45,8 @@ int main(int argc, char **argv) {
     const hs_fp16 **kr = malloc(sizeof(*kr) * (size_t)T), **vr = malloc(sizeof(*vr) * (size_t)T);
     float *acc = malloc(sizeof(float) * (size_t)T * group * hd);
     float *m = malloc(sizeof(float) * (size_t)T * group), *l = malloc(sizeof(float) * (size_t)T * group);
-    void *buf = malloc(k->attend_bytes(hd, T));
+    /* 64-byte aligned, as model.c allocates its packed rows */
+    void *buf = aligned_alloc(64, (k->attend_bytes(hd, T) + 63) / 64 * 64);
     for (int i = 0; i < T * hd; i++) x[i] = unit(&seed);
     k->to_f16(T * hd, x, K);
     for (int i = 0; i < T * hd; i++) x[i] = unit(&seed);

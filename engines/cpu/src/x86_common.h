@@ -598,23 +598,30 @@ typedef float rows_elem;
 typedef hs_fp16 rows_elem;
 #endif
 
+/* Positions in blocks of HS_ATTN_SPAN (rows_span's span): a block's K rows one after another,
+ * then its V rows (K and V of a position side by side put a span's rows 4 hd bytes apart in
+ * float: 8 positions to the same L1 sets). */
 static inline size_t rows_bytes(int hd, int count) {
-    return (size_t)count * 2 * (size_t)hd * sizeof(rows_elem);
+    return (size_t)(count + HS_ATTN_SPAN - 1) / HS_ATTN_SPAN * HS_ATTN_SPAN * 2 * (size_t)hd *
+           sizeof(rows_elem);
 }
 
-/* Position p's K row at buf + 2 hd p (elements), its V row after it. */
+static inline rows_elem *rows_at(const void *buf, int hd, int p, int v) {
+    return (rows_elem *)buf + ((size_t)(p / HS_ATTN_SPAN * 2 + v) * HS_ATTN_SPAN + p % HS_ATTN_SPAN) * hd;
+}
+
 static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
                              int count, void *buf) {
-    rows_elem *b = buf;
     for (int p = from; p < count; p++) {
+        rows_elem *kb = rows_at(buf, hd, p, 0), *vb = rows_at(buf, hd, p, 1);
 #if HS_ROWS_F32
         for (int j = 0; j < hd; j += 8) {
-            _mm256_storeu_ps(b + (size_t)p * 2 * hd + j, load8(0, k[p], j));
-            _mm256_storeu_ps(b + ((size_t)p * 2 + 1) * hd + j, load8(0, v[p], j));
+            _mm256_storeu_ps(kb + j, load8(0, k[p], j));
+            _mm256_storeu_ps(vb + j, load8(0, v[p], j));
         }
 #else
-        memcpy(b + (size_t)p * 2 * hd, k[p], sizeof(hs_fp16) * (size_t)hd);
-        memcpy(b + ((size_t)p * 2 + 1) * hd, v[p], sizeof(hs_fp16) * (size_t)hd);
+        memcpy(kb, k[p], sizeof(hs_fp16) * (size_t)hd);
+        memcpy(vb, v[p], sizeof(hs_fp16) * (size_t)hd);
 #endif
     }
 }
@@ -622,7 +629,6 @@ static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *con
 /* attend_rows (kernels.h): row r attends the first lim[r] packed positions. */
 static inline void rows_attend(int hd, int nq, float scale, const float *const *q, const int *lim,
                                const void *buf, int count, float *m, float *l, float *const *acc) {
-    const rows_elem *kv = buf;
     const void *k[HS_ATTN_SPAN], *v[HS_ATTN_SPAN];
     _Alignas(32) float s[HS_ATTN_ROWS][HS_ATTN_SPAN];
     for (int p0 = 0; p0 < count; p0 += HS_ATTN_SPAN) {
@@ -635,8 +641,8 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
         }
         if (first >= last) break; /* lim[r] <= count: no later span has any */
         for (int p = 0; p < n; p++) {
-            k[p] = kv + (size_t)(p0 + p) * 2 * hd;
-            v[p] = kv + ((size_t)(p0 + p) * 2 + 1) * hd;
+            k[p] = rows_at(buf, hd, p0 + p, 0);
+            v[p] = rows_at(buf, hd, p0 + p, 1);
         }
         rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, k, v, n, m, l, acc, s, NULL, NULL,
                   0);
