@@ -37,6 +37,13 @@
 
 #define GROUP 8
 #define Q4_0_OFFSET 8 /* a q4_0 weight is its nibble minus this */
+/* Bytes ahead of what a weight row's product reads that group_step fetches into L2 (its quants
+ * every 64 bytes and, every 4 groups, its scales' line): without it a one-token step on the
+ * 1.1B read its weights at 44 % of the memory's rate on a Zen 3 (docs/benchmarks.md, seventeenth
+ * round; 0 leaves it out, for measurements). */
+#ifndef PREFETCH
+#define PREFETCH 8192
+#endif
 
 typedef struct {
     int8_t lo[4][32]; /* chunk k, lane j: elements 4k..4k+3 of block j */
@@ -182,10 +189,16 @@ static inline __attribute__((always_inline)) void group_step(
                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s[4];
+    if (PREFETCH && g % 4 == 0) {
+        _mm_prefetch((const char *)(d + (size_t)g * GROUP) + PREFETCH, _MM_HINT_T1);
+        if (kind == Q4_1) _mm_prefetch((const char *)(m + (size_t)g * GROUP) + PREFETCH, _MM_HINT_T1);
+    }
     if (kind == Q8_0) {
         for (int c = 0; c < C; c++) s[c] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
+            if (PREFETCH && p % 2 == 0)
+                _mm_prefetch((const char *)q + (size_t)p * 4 * t + PREFETCH, _MM_HINT_T1);
             const __m256i wv = load_chunk(t, lanes, q + (size_t)p * 4 * t);
             const __m256i aw = _mm256_sign_epi8(wv, wv);
             for (int c = 0; c < C; c++) {
@@ -201,6 +214,8 @@ static inline __attribute__((always_inline)) void group_step(
         const __m256i low4 = _mm256_set1_epi8(0x0f);
         __m256i h[4];
         for (int k = 0; k < 4; k++) {
+            if (PREFETCH && k % 2 == 0)
+                _mm_prefetch((const char *)q + (size_t)k * 4 * t + PREFETCH, _MM_HINT_T1);
             const __m256i raw = load_chunk(t, lanes, q + (size_t)k * 4 * t);
             const __m256i wl = _mm256_and_si256(raw, low4),
                           wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
