@@ -38,7 +38,7 @@
 #define GROUP 8
 #define Q4_0_OFFSET 8 /* a q4_0 weight is its nibble minus this */
 /* Bytes ahead of what a weight row's product reads that group_step fetches into L2 (its quants
- * every 64 bytes and, every 4 groups, its scales' line): without it a one-token step on the
+ * every 64 bytes and its scales' line, 16 bytes a group): without it a one-token step on the
  * 1.1B read its weights at 44 % of the memory's rate on a Zen 3 (docs/benchmarks.md, seventeenth
  * round; 0 leaves it out, for measurements). */
 #ifndef PREFETCH
@@ -189,7 +189,7 @@ static inline __attribute__((always_inline)) void group_step(
                                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s[4];
-    if (PREFETCH && g % 4 == 0) {
+    if (PREFETCH) { /* (every group, a line every 4: no branch, the loop one basic block) */
         _mm_prefetch((const char *)(d + (size_t)g * GROUP) + PREFETCH, _MM_HINT_T1);
         if (kind == Q4_1) _mm_prefetch((const char *)(m + (size_t)g * GROUP) + PREFETCH, _MM_HINT_T1);
     }
