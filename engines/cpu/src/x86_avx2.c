@@ -25,7 +25,8 @@
  * second FMA (its minimums times d x sum). The GGUF-layout form this replaces spent 8 vector
  * instructions on every block of every pair (docs/benchmarks.md, fourteenth round); GCC 12's
  * loops for 4 activation rows take 3.3 (q4_0) and 6.3 (q8_0) a block and pair, the weight
- * unpacking and loop included (gcc -S, fifteenth round).
+ * unpacking and loop included (gcc -S, fifteenth round; 3.4 and 6.4 with the prefetches of the
+ * seventeenth).
  * Tiles: one weight row x up to 4 activation rows, each weight chunk loaded and unpacked once for
  * all of them, the activation chunks read as memory operands; a partial last group of 1 or 2
  * blocks as one or two vectors (tail_step). Every pair gets the same operations in the same
