@@ -222,7 +222,7 @@ static inline __m256 swiglu8(__m256 g, __m256 u) {
     return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
 }
 
-static void swiglu(size_t n, float *gate, const float *up) {
+static inline void swiglu(size_t n, float *gate, const float *up) {
     size_t j = 0;
     for (; j + 8 <= n; j += 8)
         _mm256_storeu_ps(gate + j, swiglu8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
