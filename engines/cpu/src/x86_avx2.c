@@ -186,8 +186,7 @@ static inline __attribute__((always_inline)) void scale_step(
 static inline __attribute__((always_inline)) void group_step(
     const int kind, const int C, const int t, int g, const uint8_t *q, const hs_fp16 *d,
     const hs_fp16 *m, const act_group *const *y, __m256 acc[4]) {
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(t),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i lanes = first_lanes(t);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i s[4];
     if (PREFETCH) { /* (every group, a line every 4: no branch, the loop one basic block) */
@@ -334,8 +333,8 @@ static const hs_kernels table = {
     .pack_row = pack_row, .unpack_row = unpack_row, .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1,
     .mm_q8_0 = mm_q8_0, .dot_f16 = dot_f16, .dot_f32 = dot_f32, .to_f16 = to_f16,
     .attend_f16 = attend_f16_rows, HS_ROWS_KERNELS};
-/* (no .swiglu: model.c's scalar loop. x86_common.h's vector SwiGLU gave the scalar loop's bits
- * on a Zen 3 but not under qemu-x86_64 -cpu max, the e2e test's AVX2-only CPU, on one of the
- * kernel test's special values; docs/benchmarks.md, seventeenth round) */
+/* (no .swiglu: model.c's scalar loop. avx512vnni's vector SwiGLU, in an AVX2 form, gave the
+ * scalar loop's bits on a Zen 3 but not under qemu-x86_64 -cpu max, the e2e test's AVX2-only
+ * CPU, on one of the kernel test's special values; docs/benchmarks.md, seventeenth round) */
 
 const hs_kernels *hs_kernels_avx2(void) { return &table; }

@@ -116,6 +116,12 @@ static inline void axpys_span_f16(int hd, const hs_fp16 *const *v, const float *
             for (int g = 0; g < ng; g++) acc[(size_t)g * hd + j] += w[p * ng + g] * hs_f16(v[p][j]);
 }
 
+/* Lanes 0..n-1 set (all ones), the rest clear: a partial vector's mask for the AVX2 masked
+ * loads and stores. */
+static inline __m256i first_lanes(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* glibc's expf, bit for bit, 8 at a time: the attention's softmax calls it once per position
  * and head, and the exact hand-off's prefill engine repeats glibc's algorithm
  * (prefill/exact.py), so the vector form must give its very bits. The algorithm of glibc >= 2.28
@@ -207,32 +213,11 @@ static inline void exps(float *x, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, expf8(_mm256_loadu_ps(x + i)));
     if (i < n) {
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i m = first_lanes(n - i);
         _mm256_maskstore_ps(x + i, m, expf8(_mm256_maskload_ps(x + i, m)));
     }
 }
 #endif
-
-/* gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j], 8 at a time: expf8 is glibc's expf bit for
- * bit (tests/expf_check.c) and the other steps are single IEEE operations, so the same bits as
- * model.c's scalar loop (the exact hand-off's SwiGLU). */
-static inline __m256 swiglu8(__m256 g, __m256 u) {
-    const __m256 e = expf8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
-}
-
-static inline void swiglu(size_t n, float *gate, const float *up) {
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(gate + j, swiglu8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
-    if (j < n) {
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(gate + j, m, swiglu8(_mm256_maskload_ps(gate + j, m),
-                                                 _mm256_maskload_ps(up + j, m)));
-    }
-}
 
 static float dot_f16(int n, const hs_fp16 *w, const float *x) {
     float out;
@@ -582,9 +567,11 @@ static void attend_f16_rows(int hd, int ng, float scale, const float *q, const h
  * rows_pack for every row and span that reads them (the exact conversion: the same values, the
  * same bits); 0 copies the fp16 rows, each converted where it is read. The avx2 variant packs
  * floats: with 16 registers its scores take one row at a time (ROWS_TILE 1), so every K element
- * was converted once per row, and a conversion takes a slot the FMAs need (tests/bench/
- * attend_rows.sh on a Zen 3, docs/benchmarks.md, seventeenth round); the AVX-512 variants
- * convert once per 3 rows (scores) and 4 (the weighted sum) and keep fp16. */
+ * was converted once per row, in a slot the FMAs need. Against fp16 packing the gain was not
+ * separated from a Zen 3 VM's noise (tests/bench/attend_rows.sh DEFS=-DHS_ROWS_F32=0: 7 %
+ * faster at 3 heads per KV head, 15 % slower at 8, in one run; docs/benchmarks.md, seventeenth
+ * round). The AVX-512 variants convert once per 3 rows (scores) and 4 (the weighted sum) and
+ * keep fp16. */
 #ifndef HS_ROWS_F32
 #ifdef __AVX512F__
 #define HS_ROWS_F32 0
