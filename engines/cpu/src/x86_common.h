@@ -251,18 +251,20 @@ static void to_f16(int n, const float *x, hs_fp16 *y) {
  * same bits as attend.h's loops:
  * - scores: each (row, position) dot as dots_f16 computes it, 8-lane FMAs over the head, then
  *   its horizontal sum ((a0+a4) + (a2+a6)) + ((a1+a5) + (a3+a7)) (hsum_ps), done for 8
- *   positions at once by a transpose that adds the very same pairs;
+ *   positions at once by a transpose that adds the very same pairs, or (AVX-512's packed
+ *   layout, rows_dots16t) for 16 positions at once with a position to a lane;
  * - per 64-position span, row r's first nr[r] positions: scale, running max, rescale, exps and
  *   the sum in position order;
  * - acc[r] += w * v per position in order, each 8-lane slice in a register (axpys_span_f16),
  *   several rows and slices at once up to the tile's shortest row, then each row's own rest.
  * Used by attend_f16 (decode: one token's heads, hd a multiple of 32) and by attend_rows (a
  * prefill chunk's block of up to HS_ATTN_ROWS rows: several tokens' heads that share a KV head,
- * each K and V row loaded once for all of them; its packed layout is the cached fp16 rows
- * copied together, K then V per position). The kernel test checks both against a scalar
+ * each K and V row loaded once for all of them; its packed layout is the cached rows copied
+ * together, a 64-position block's K then its V, K transposed on AVX-512: rows_pack below). The
+ * kernel test checks both against a scalar
  * statement of this arithmetic, bit for bit. */
 #ifdef __AVX512F__
-#define ROWS_TILE 3 /* rows whose scores of 8 positions are accumulated at once (32 registers) */
+#define ROWS_TILE 3 /* rows whose scores of 8 (16) positions are accumulated at once (32 registers) */
 #ifndef AXPY_ROWS /* (tests/bench/attend_rows.sh DEFS=-DAXPY_ROWS=5: level; 6: slower) */
 #define AXPY_ROWS 4 /* rows x 4 slices of 8 accumulated at once */
 #endif
@@ -307,6 +309,37 @@ static inline __attribute__((always_inline)) void rows_dots8(int R, int hd, cons
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(s[r] + s0, hsum8_ps(a[r]));
 }
+
+#ifdef __AVX512F__
+/* Scores of rows q[0..R) against 16 positions whose K rows the packed layout holds transposed
+ * (kt[d * 16 + i]: element d of position i's K row, as float): s[r][s0 .. s0 + 16), the very
+ * arithmetic of rows_dots8, one position to a lane. Accumulator c of a row sums the products of
+ * elements c, c + 8, c + 16, ... in order (the 8-lane dot's lane c), and the 8 accumulators are
+ * added as hsum_ps adds lanes: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)). Against rows_dots8 it
+ * needs no horizontal sums, and each FMA takes 16 positions at once. */
+static inline __attribute__((always_inline)) void rows_dots16t(int R, int hd, const float *const *q,
+                                                               const float *kt,
+                                                               float (*s)[HS_ATTN_SPAN], int s0) {
+    __m512 a[ROWS_TILE][8];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < 8; c++) a[r][c] = _mm512_setzero_ps();
+    for (int j = 0; j < hd; j += 8)
+        for (int c = 0; c < 8; c++) {
+            __m512 k = _mm512_load_ps(kt + (size_t)(j + c) * 16);
+            /* in a register for the R rows: GCC otherwise folds the load into each FMA and
+             * broadcasts q apart, 2 loads an FMA; so it takes q as the FMA's broadcast operand
+             * (attend_rows.sh: 14 % slower than the 8-position form without this) */
+            __asm__("" : "+v"(k));
+            for (int r = 0; r < R; r++)
+                a[r][c] = _mm512_fmadd_ps(k, _mm512_set1_ps(q[r][j + c]), a[r][c]);
+        }
+    for (int r = 0; r < R; r++) {
+        const __m512 lo = _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][4]), _mm512_add_ps(a[r][2], a[r][6]));
+        const __m512 hi = _mm512_add_ps(_mm512_add_ps(a[r][1], a[r][5]), _mm512_add_ps(a[r][3], a[r][7]));
+        _mm512_storeu_ps(s[r] + s0, _mm512_add_ps(lo, hi));
+    }
+}
+#endif
 
 /* How the decode attention (attend_f16_rows) fetches the next span's K and V rows ahead; both
  * can be defined from outside for measurements (tests/bench/attend_rows.sh DECODE=... DEFS=...).
@@ -468,7 +501,8 @@ static inline void prefetch_rows(int hd, const hs_fp16 *const *k, const hs_fp16 
  * out (left in as run-time checks it cost attend_rows 5 %: tests/bench/attend_rows.sh). */
 static inline __attribute__((always_inline)) void rows_span(int hd, int first, int last, const int *nr, float scale,
                              const float *const *q, const int f32, const void *const *k,
-                             const void *const *v, int n, float *m, float *l, float *const *acc,
+                             const float *kt, const void *const *v, int n, float *m, float *l,
+                             float *const *acc,
                              float (*s)[HS_ATTN_SPAN], const hs_fp16 *const *next_k,
                              const hs_fp16 *const *next_v, int next_n) {
     static const float zero_row[HS_ATTN_HD]; /* the scores past n of the last 8: never used */
@@ -476,6 +510,17 @@ static inline __attribute__((always_inline)) void rows_span(int hd, int first, i
         const int R = last - r0 < ROWS_TILE ? last - r0 : ROWS_TILE;
         int most = 0;
         for (int r = r0; r < r0 + R; r++) most = nr[r] > most ? nr[r] : most;
+#ifdef __AVX512F__
+        if (kt) { /* the packed layout's transposed K: 16 positions a step */
+            for (int p = 0; p < most; p += 16) {
+                const float *k16 = kt + (size_t)p * hd;
+                if (R == 3) rows_dots16t(3, hd, q + r0, k16, s + r0, p);
+                else if (R == 2) rows_dots16t(2, hd, q + r0, k16, s + r0, p);
+                else rows_dots16t(1, hd, q + r0, k16, s + r0, p);
+            }
+            continue;
+        }
+#endif
         for (int p = 0; p < most; p += 8) {
             if (r0 == first) /* the next span's K rows, 8 a step, during the first scores */
                 for (int i = p; i < p + 8 && i < next_n; i++)
@@ -557,7 +602,7 @@ static void attend_f16_rows(int hd, int ng, float scale, const float *q, const h
         const int next = ATTN_PF ? (count - p0 - n < HS_ATTN_SPAN ? count - p0 - n : HS_ATTN_SPAN) : 0;
         if (ATTN_PF && p0 == 0) prefetch_rows(hd, k, v, 0, n);
         for (int g = 0; g < ng; g++) nr[g] = n;
-        rows_span(hd, 0, ng, nr, scale, qs, 0, (const void *const *)(k + p0),
+        rows_span(hd, 0, ng, nr, scale, qs, 0, (const void *const *)(k + p0), NULL,
                   (const void *const *)(v + p0), n, m, l, as, s, k + p0 + n, v + p0 + n,
                   next);
     }
@@ -570,8 +615,8 @@ static void attend_f16_rows(int hd, int ng, float scale, const float *q, const h
  * was converted once per row, in a slot the FMAs need. Against fp16 packing the gain was not
  * separated from a Zen 3 VM's noise (tests/bench/attend_rows.sh DEFS=-DHS_ROWS_F32=0: 7 %
  * faster at 3 heads per KV head, 15 % slower at 8, in one run; docs/benchmarks.md, seventeenth
- * round). The AVX-512 variants convert once per 3 rows (scores) and 4 (the weighted sum) and
- * keep fp16. */
+ * round). The AVX-512 variants keep V in fp16, converted once per 4 rows (the weighted sum),
+ * and K as floats, transposed (HS_ROWS_KT below). */
 #ifndef HS_ROWS_F32
 #ifdef __AVX512F__
 #define HS_ROWS_F32 0
@@ -585,32 +630,80 @@ typedef float rows_elem;
 typedef hs_fp16 rows_elem;
 #endif
 
-/* Positions in blocks of HS_ATTN_SPAN (rows_span's span): a block's K rows one after another,
- * then its V rows (K and V of a position side by side put a span's rows 4 hd bytes apart in
- * float: 8 positions to the same L1 sets). */
-static inline size_t rows_bytes(int hd, int count) {
-    return (size_t)(count + HS_ATTN_SPAN - 1) / HS_ATTN_SPAN * HS_ATTN_SPAN * 2 * (size_t)hd *
-           sizeof(rows_elem);
+/* HS_ROWS_KT 1 (the AVX-512 variants): the packed layout holds K transposed, 16 positions at a
+ * time, as floats (rows_dots16t's operand: each K element converted once for all rows, and a
+ * position's 8 partial sums in one lane instead of summed across lanes by shuffles). One thread
+ * of a Zen 4 VM: 6-9 % less time a row-position than fp16 rows scored 8 positions at once
+ * (tests/bench/attend_rows.sh DEFS=-DHS_ROWS_KT=0; docs/benchmarks.md, eighteenth round). V
+ * stays rows_elem rows. 0 (avx2): K rows as V's. */
+#ifndef HS_ROWS_KT
+#ifdef __AVX512F__
+#define HS_ROWS_KT 1
+#else
+#define HS_ROWS_KT 0
+#endif
+#endif
+
+/* Positions in blocks of HS_ATTN_SPAN (rows_span's span): a block's K (its rows one after
+ * another, or with HS_ROWS_KT its 16-position transposed pieces), then its V rows (K and V of
+ * a position side by side put a span's rows 4 hd bytes apart in float: 8 positions to the same
+ * L1 sets). */
+static inline size_t rows_kbytes(int hd) {
+    return (size_t)HS_ATTN_SPAN * (size_t)hd * (HS_ROWS_KT ? sizeof(float) : sizeof(rows_elem));
+}
+static inline size_t rows_block(int hd) {
+    return rows_kbytes(hd) + (size_t)HS_ATTN_SPAN * (size_t)hd * sizeof(rows_elem);
 }
 
+static inline size_t rows_bytes(int hd, int count) {
+    return (size_t)(count + HS_ATTN_SPAN - 1) / HS_ATTN_SPAN * rows_block(hd);
+}
+
+/* Position p's V row (v = 1) or K row (v = 0, without HS_ROWS_KT). */
 static inline rows_elem *rows_at(const void *buf, int hd, int p, int v) {
-    return (rows_elem *)buf + ((size_t)(p / HS_ATTN_SPAN * 2 + v) * HS_ATTN_SPAN + p % HS_ATTN_SPAN) * hd;
+    char *block = (char *)buf + (size_t)(p / HS_ATTN_SPAN) * rows_block(hd);
+    return (rows_elem *)(block + (v ? rows_kbytes(hd) : 0)) + (size_t)(p % HS_ATTN_SPAN) * hd;
+}
+
+/* HS_ROWS_KT: the transposed piece of the 16 positions from p (a multiple of 16) on; the pieces
+ * of a block follow one another, so piece p0 + i of block p0 lies i hd floats on. */
+static inline float *rows_kt(const void *buf, int hd, int p) {
+    return (float *)((char *)buf + (size_t)(p / HS_ATTN_SPAN) * rows_block(hd)) +
+           (size_t)(p % HS_ATTN_SPAN) * hd;
 }
 
 static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
                              int count, void *buf) {
     for (int p = from; p < count; p++) {
-        rows_elem *kb = rows_at(buf, hd, p, 0), *vb = rows_at(buf, hd, p, 1);
+        rows_elem *vb = rows_at(buf, hd, p, 1);
+#if HS_ROWS_KT
+        float *kt = rows_kt(buf, hd, p / 16 * 16) + p % 16;
+        _Alignas(32) float row[HS_ATTN_HD];
+        for (int j = 0; j < hd; j += 8) _mm256_store_ps(row + j, load8(0, k[p], j));
+        for (int d = 0; d < hd; d++) kt[(size_t)d * 16] = row[d];
+#else
+        rows_elem *kb = rows_at(buf, hd, p, 0);
+#endif
 #if HS_ROWS_F32
         for (int j = 0; j < hd; j += 8) {
+#if !HS_ROWS_KT
             _mm256_storeu_ps(kb + j, load8(0, k[p], j));
+#endif
             _mm256_storeu_ps(vb + j, load8(0, v[p], j));
         }
 #else
+#if !HS_ROWS_KT
         memcpy(kb, k[p], sizeof(hs_fp16) * (size_t)hd);
+#endif
         memcpy(vb, v[p], sizeof(hs_fp16) * (size_t)hd);
 #endif
     }
+#if HS_ROWS_KT /* the rest of the last piece: scored (never used), so zeros rather than garbage */
+    for (int p = count; p % 16; p++) {
+        float *kt = rows_kt(buf, hd, p / 16 * 16) + p % 16;
+        for (int d = 0; d < hd; d++) kt[(size_t)d * 16] = 0.0f;
+    }
+#endif
 }
 
 /* attend_rows (kernels.h): row r attends the first lim[r] packed positions. */
@@ -628,11 +721,13 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
         }
         if (first >= last) break; /* lim[r] <= count: no later span has any */
         for (int p = 0; p < n; p++) {
+#if !HS_ROWS_KT
             k[p] = rows_at(buf, hd, p0 + p, 0);
+#endif
             v[p] = rows_at(buf, hd, p0 + p, 1);
         }
-        rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, k, v, n, m, l, acc, s, NULL, NULL,
-                  0);
+        rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, k,
+                  HS_ROWS_KT ? rows_kt(buf, hd, p0) : NULL, v, n, m, l, acc, s, NULL, NULL, 0);
     }
 }
 
