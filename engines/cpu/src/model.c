@@ -45,6 +45,8 @@ struct hs_model {
      * (when it has more than one span) are at attn_part[i] in `partial` */
     int *attn_first, *attn_block, attn_blocks;
     int attn_spans_max;         /* > 0: the items go KV head, span, block (see attn_task) */
+    long long *attn_cost;       /* then: the work before each item of one KV head (attn_plan) */
+    size_t attn_cost_cap;
     char *attn_packed;          /* [threads][attend_bytes(head_dim, ATTN_SPAN)]: packed K/V */
     size_t attn_packed_bytes;
     size_t *attn_part, partial_cap;
@@ -137,7 +139,7 @@ void hs_model_destroy(hs_model *m) {
     free(m->x); free(m->xb); free(m->q); free(m->kv_k); free(m->kv_v); free(m->att);
     free(m->gate); free(m->up); free(m->qa); free(m->wa); free(m->ranges);
     free(m->attn_first); free(m->attn_block); free(m->attn_part); free(m->partial);
-    free(m->span_acc); free(m->attn_packed);
+    free(m->attn_cost); free(m->span_acc); free(m->attn_packed);
     free(m->rope_cos); free(m->rope_sin); free(m->inv_freq);
     free(m);
 }
@@ -687,6 +689,25 @@ static int attn_plan(hs_model *m, int n, const int32_t *pos, const int32_t *seq)
     m->attn_blocks = b;
     for (int j = 0; j < b; j++) several |= m->attn_block[j + 1] - m->attn_block[j] > 1;
     m->attn_spans_max = several ? spans_max : 0;
+    if (several) { /* each item's work (attn_task splits the items by it) */
+        const size_t per_kvh = (size_t)spans_max * (size_t)b;
+        if (per_kvh + 1 > m->attn_cost_cap) {
+            free(m->attn_cost);
+            m->attn_cost = malloc(sizeof(long long) * (per_kvh + 1));
+            m->attn_cost_cap = m->attn_cost ? per_kvh + 1 : 0;
+            if (!m->attn_cost) return -1;
+        }
+        long long work = 0;
+        for (int span = 0; span < spans_max; span++)
+            for (int j = 0; j < b; j++) {
+                m->attn_cost[(size_t)span * b + j] = work;
+                const int i0 = m->attn_block[j], tokens = m->attn_block[j + 1] - i0;
+                const int left = pos[i0 + tokens - 1] + 1 - span * ATTN_SPAN;
+                if (span < attn_spans(pos[i0])) /* its query rows x positions */
+                    work += (long long)tokens * (left < ATTN_SPAN ? left : ATTN_SPAN);
+            }
+        m->attn_cost[per_kvh] = work;
+    }
     if (part > m->partial_cap) {
         free(m->partial);
         m->partial = aligned(part * 4);
@@ -748,6 +769,31 @@ static void fetch_item(const attn_ctx *t, int w, int b) {
     }
 }
 
+/* A prefill step's items [begin, end) for thread ith of nth: consecutive items (a thread's
+ * packed K/V rows serve its run of one KV head and span), as many as give it an even share of
+ * the rows x positions (attn_cost). Split by count instead, the share went uneven where the KV
+ * heads do not divide among the threads: with SmolLM2's 3 on 2 threads, one thread took the
+ * first KV head and the cheap early blocks or spans of the second, the other their expensive
+ * rest (a 256-token prompt: 1.25 against 1.75 KV heads' work). */
+static void attn_share(const hs_model *m, int total, int ith, int nth, int *begin, int *end) {
+    const int per = total / m->c.n_head_kv;
+    const long long kv_work = m->attn_cost[per], all = kv_work * m->c.n_head_kv;
+    const long long from = all * ith / nth, to = all * (ith + 1) / nth;
+    long long want[2] = {from, to};
+    int at[2];
+    for (int e = 0; e < 2; e++) { /* the first item whose work before it is want[e] or more */
+        int lo = 0, hi = total;
+        while (lo < hi) {
+            const int w = lo + (hi - lo) / 2;
+            if ((long long)(w / per) * kv_work + m->attn_cost[w % per] >= want[e]) hi = w;
+            else lo = w + 1;
+        }
+        at[e] = lo;
+    }
+    *begin = ith == 0 ? 0 : at[0];
+    *end = ith == nth - 1 ? total : at[1];
+}
+
 /* Items: with one-token blocks only (decode), block by block, each block's KV heads and spans
  * in turn. With blocks of several tokens (a prefill chunk), KV head, span, then block (items of
  * blocks with fewer spans left empty): a thread's consecutive items then mostly share a KV head
@@ -767,7 +813,10 @@ static void attn_task(void *p, int ith, int nth) {
     const int nb = m->attn_blocks, smax = m->attn_spans_max;
     const int total = smax ? c->n_head_kv * smax * nb : m->attn_first[nb];
     int w0, w1, b = 0;
-    hs_split(total, 1, ith, nth, &w0, &w1);
+    if (smax) /* an even share of the work, not of the items: see attn_share */
+        attn_share(m, total, ith, nth, &w0, &w1);
+    else
+        hs_split(total, 1, ith, nth, &w0, &w1);
     for (int w = w0; w < w1; w++) {
         int kvh, span;
         if (smax) {

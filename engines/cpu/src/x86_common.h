@@ -674,14 +674,30 @@ static inline float *rows_kt(const void *buf, int hd, int p) {
 
 static inline void rows_pack(int hd, const hs_fp16 *const *k, const hs_fp16 *const *v, int from,
                              int count, void *buf) {
-    for (int p = from; p < count; p++) {
-        rows_elem *vb = rows_at(buf, hd, p, 1);
-#if HS_ROWS_KT
+#if HS_ROWS_KT /* K: whole pieces of 16 positions by 8 x 8 transposes, the rest one by one */
+    for (int p = from; p < count;) {
+        if (p % 16 == 0 && p + 16 <= count) {
+            float *kt = rows_kt(buf, hd, p);
+            for (int j = 0; j < hd; j += 8)
+                for (int h = 0; h < 16; h += 8) {
+                    __m256 t[8];
+                    for (int i = 0; i < 8; i++) t[i] = load8(0, k[p + h + i], j);
+                    transpose8_ps(t); /* t[c]: element j + c of positions p + h .. p + h + 7 */
+                    for (int c = 0; c < 8; c++) _mm256_storeu_ps(kt + (size_t)(j + c) * 16 + h, t[c]);
+                }
+            p += 16;
+            continue;
+        }
         float *kt = rows_kt(buf, hd, p / 16 * 16) + p % 16;
         _Alignas(32) float row[HS_ATTN_HD];
         for (int j = 0; j < hd; j += 8) _mm256_store_ps(row + j, load8(0, k[p], j));
         for (int d = 0; d < hd; d++) kt[(size_t)d * 16] = row[d];
-#else
+        p++;
+    }
+#endif
+    for (int p = from; p < count; p++) {
+        rows_elem *vb = rows_at(buf, hd, p, 1);
+#if !HS_ROWS_KT
         rows_elem *kb = rows_at(buf, hd, p, 0);
 #endif
 #if HS_ROWS_F32
