@@ -810,10 +810,10 @@ static void attn_share(const hs_model *m, int total, int ith, int nth, int *begi
 }
 
 /* Items: with one-token blocks only (decode), block by block, each block's spans and their KV
- * heads in turn (DECODE_SPAN_MAJOR). With blocks of several tokens (a prefill chunk), KV head, span, then block (items of
- * blocks with fewer spans left empty): a thread's consecutive items then mostly share a KV head
- * and span, whose K/V rows it packs once (attend_pack, extended as later blocks see more
- * positions) for all those blocks' attend_rows. */
+ * heads in turn (DECODE_SPAN_MAJOR). With blocks of several tokens (a prefill chunk), KV head,
+ * span, then block (items of blocks with fewer spans left empty): a thread's consecutive items
+ * then mostly share a KV head and span, whose K/V rows it packs once (attend_pack, extended as
+ * later blocks see more positions) for all those blocks' attend_rows. */
 static void attn_task(void *p, int ith, int nth) {
     const attn_ctx *t = p;
     hs_model *m = t->m;
