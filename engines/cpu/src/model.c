@@ -734,8 +734,6 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
     part[hd + 1] = sum;
 }
 
-/* Whether a one-token block's item fetches the next item's first rows ahead (fetch_item); a
- * measurement knob (0: off), 1 in the engine. */
 /* A decode token's items go span by span, each span's KV heads in turn (1), so that a thread's
  * consecutive items read neighbouring parts of the same cached positions (one position's KV
  * heads lie side by side, kvd fp16s, so one KV head's rows are a whole position apart), instead
@@ -745,6 +743,9 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
 #ifndef DECODE_SPAN_MAJOR
 #define DECODE_SPAN_MAJOR 1
 #endif
+
+/* Whether a one-token block's item fetches the next item's first rows ahead (fetch_item); a
+ * measurement knob (0: off), 1 in the engine. */
 #ifndef ATTN_NEXT_ITEM
 #define ATTN_NEXT_ITEM 1
 #endif

@@ -634,8 +634,8 @@ typedef hs_fp16 rows_elem;
  * time, as floats (rows_dots16t's operand: each K element converted once for all rows, and a
  * position's 8 partial sums in one lane instead of summed across lanes by shuffles). One thread
  * of a Zen 4 VM: 6-9 % less time a row-position than fp16 rows scored 8 positions at once
- * (tests/bench/attend_rows.sh DEFS=-DHS_ROWS_KT=0; docs/benchmarks.md, eighteenth round). V
- * stays rows_elem rows. 0 (avx2): K rows as V's. */
+ * (tests/bench/attend_rows.sh BASE=7428509, the layout before; -DHS_ROWS_KT=0 builds it; docs/
+ * benchmarks.md, eighteenth round). V stays rows_elem rows. 0 (avx2): K rows as V's. */
 #ifndef HS_ROWS_KT
 #ifdef __AVX512F__
 #define HS_ROWS_KT 1
@@ -665,8 +665,9 @@ static inline rows_elem *rows_at(const void *buf, int hd, int p, int v) {
     return (rows_elem *)(block + (v ? rows_kbytes(hd) : 0)) + (size_t)(p % HS_ATTN_SPAN) * hd;
 }
 
-/* HS_ROWS_KT: the transposed piece of the 16 positions from p (a multiple of 16) on; the pieces
- * of a block follow one another, so piece p0 + i of block p0 lies i hd floats on. */
+/* HS_ROWS_KT: the transposed piece of the 16 positions from p (a multiple of 16) on. A block's
+ * pieces follow one another (16 hd floats each), so the piece of positions p0 + i .. p0 + i + 15
+ * of the block from p0 lies i hd floats on (rows_span's kt + p hd). */
 static inline float *rows_kt(const void *buf, int hd, int p) {
     return (float *)((char *)buf + (size_t)(p / HS_ATTN_SPAN) * rows_block(hd)) +
            (size_t)(p % HS_ATTN_SPAN) * hd;
