@@ -191,8 +191,16 @@ static inline __m256d expf4_pd(__m256d xd) {
     const __m256i ki = _mm256_castpd_si256(kd0);
     const __m256d kd = _mm256_sub_pd(kd0, shift);
     const __m256d r = _mm256_fmsub_pd(invln2n, xd, kd);
-    __m256i t = _mm256_i64gather_epi64((const long long *)hs_exp2f_tab,
-                                       _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8);
+    /* the gather written out, its index held in ymm1: qemu-user 7.2 (Debian 12's, which the
+     * e2e test's AVX2-only CPU runs on) reads a VSIB index field of 4 (ymm4, ymm12) as no index,
+     * every lane then loading table entry 0; GCC's own choice of register had put it there
+     * in one inlined copy (docs/benchmarks.md, eighteenth round) */
+    register __m256i ix __asm__("ymm1") = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+    __m256i t, all = _mm256_set1_epi64x(-1);
+    __asm__("vpgatherqq %[all], (%[tab], %[ix], 8), %[t]"
+            : [t] "=&x"(t), [all] "+x"(all)
+            : [tab] "r"(hs_exp2f_tab), [ix] "x"(ix)
+            : "memory");
     t = _mm256_add_epi64(t, _mm256_slli_epi64(ki, 47));
     const __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), r,
                                       _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32));
