@@ -192,9 +192,9 @@ static inline __m256d expf4_pd(__m256d xd) {
     const __m256d kd = _mm256_sub_pd(kd0, shift);
     const __m256d r = _mm256_fmsub_pd(invln2n, xd, kd);
     /* the gather written out, its index held in ymm1: qemu-user 7.2 (Debian 12's, which the
-     * e2e test's AVX2-only CPU runs on) reads a VSIB index field of 4 (ymm4, ymm12) as no index,
-     * every lane then loading table entry 0; GCC's own choice of register had put it there
-     * in one inlined copy (docs/benchmarks.md, eighteenth round) */
+     * e2e test's AVX2-only CPU runs on) reads an index in ymm4 as no index (as a plain SIB's
+     * 100b), every lane then loading table entry 0 (ymm12 and the others read right); GCC's own
+     * choice had put it there in one inlined copy (docs/benchmarks.md, eighteenth round) */
     register __m256i ix __asm__("ymm1") = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
     __m256i t, all = _mm256_set1_epi64x(-1);
     __asm__("vpgatherqq %[all], (%[tab], %[ix], 8), %[t]"
