@@ -734,16 +734,6 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
     part[hd + 1] = sum;
 }
 
-/* A decode token's items go span by span, each span's KV heads in turn (1), so that a thread's
- * consecutive items read neighbouring parts of the same cached positions (one position's KV
- * heads lie side by side, kvd fp16s, so one KV head's rows are a whole position apart), instead
- * of all spans of one KV head and then the next (0). SmolLM2 q4_0 decoding at 2048 positions
- * on the Zen 4 VM: attention 2.91 -> 2.65 ms a token (cpu_engine_profile --depth 2048, medians
- * of 7 alternating processes; their ranges overlapped). A measurement knob. */
-#ifndef DECODE_SPAN_MAJOR
-#define DECODE_SPAN_MAJOR 1
-#endif
-
 /* Whether a one-token block's item fetches the next item's first rows ahead (fetch_item); a
  * measurement knob (0: off), 1 in the engine. */
 #ifndef ATTN_NEXT_ITEM
@@ -752,17 +742,16 @@ static void attn_store(hs_model *m, int i, int h, int span, int spans, const flo
 
 /* Item w of a step of one-token blocks (decode order: block by block, each block's spans and
  * their KV heads in turn): its block, searched from block b (at or before w's), its KV head and
- * span. */
+ * span. Span by span, a thread's consecutive items read neighbouring parts of the same cached
+ * positions (a position's KV heads lie side by side, so one KV head's rows are a whole position
+ * apart); KV head by KV head (before 08e21bd) SmolLM2 q4_0's attention at 2048 positions took
+ * 2.91 against 2.65 ms a token on a Zen 4 VM (cpu_engine_profile --depth 2048 --baseline
+ * 46a9d8f, medians of 7 alternating processes, their ranges overlapping). */
 static int decode_item(const attn_ctx *t, int w, int b, int *kvh, int *span) {
     const hs_model *m = t->m;
     while (m->attn_first[b + 1] <= w) b++;
     const int item = w - m->attn_first[b];
-#if DECODE_SPAN_MAJOR
     *span = item / m->c.n_head_kv, *kvh = item % m->c.n_head_kv;
-#else
-    const int spans = attn_spans(t->pos[m->attn_block[b]]);
-    *kvh = item / spans, *span = item % spans;
-#endif
     return b;
 }
 
@@ -811,7 +800,7 @@ static void attn_share(const hs_model *m, int total, int ith, int nth, int *begi
 }
 
 /* Items: with one-token blocks only (decode), block by block, each block's spans and their KV
- * heads in turn (DECODE_SPAN_MAJOR). With blocks of several tokens (a prefill chunk), KV head,
+ * heads in turn (decode_item). With blocks of several tokens (a prefill chunk), KV head,
  * span, then block (items of blocks with fewer spans left empty): a thread's consecutive items
  * then mostly share a KV head and span, whose K/V rows it packs once (attend_pack, extended as
  * later blocks see more positions) for all those blocks' attend_rows. */

@@ -328,27 +328,6 @@ TILES(Q4_0, mm_q4_0)
 TILES(Q4_1, mm_q4_1)
 TILES(Q8_0, mm_q8_0)
 
-/* model.c's SwiGLU loop, g / (1 + expf(-g)) * up, 8 at a time: the same operations with
- * expf8's glibc bits (the kernel test holds it to the loop bit for bit). It had been taken out
- * in the seventeenth round when it failed that check under qemu-x86_64 -cpu max, the e2e test's
- * AVX2-only CPU: qemu 7.2's gather read index register ymm4 as none (expf4_pd now keeps its
- * index in ymm1; docs/benchmarks.md, eighteenth round). */
-static inline __m256 swiglu8(__m256 g, __m256 u) {
-    const __m256 e = expf8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
-    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
-}
-
-static void swiglu(size_t n, float *gate, const float *up) {
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        _mm256_storeu_ps(gate + j, swiglu8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
-    if (j < n) {
-        const __m256i m = first_lanes((int)(n - j));
-        _mm256_maskstore_ps(gate + j, m, swiglu8(_mm256_maskload_ps(gate + j, m),
-                                                 _mm256_maskload_ps(up + j, m)));
-    }
-}
-
 static const hs_kernels table = {
     .name = "avx2", .act_bytes = act_bytes, .quantize_act = quantize_packed,
     .pack_row = pack_row, .unpack_row = unpack_row, .mm_q4_0 = mm_q4_0, .mm_q4_1 = mm_q4_1,

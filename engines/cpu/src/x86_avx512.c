@@ -701,20 +701,6 @@ TILES(Q4_0, mm_q4_0)
 TILES(Q4_1, mm_q4_1)
 TILES(Q8_0, mm_q8_0)
 
-/* gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j], 8 at a time: expf8 is glibc's expf bit for
- * bit (tests/expf_check.c) and the other steps are single IEEE operations, so the same bits as
- * model.c's scalar loop (the exact hand-off's SwiGLU). */
-static void swiglu(size_t n, float *gate, const float *up) {
-    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-    for (size_t j = 0; j < n; j += 8) {
-        const __mmask8 m = n - j >= 8 ? 0xff : (__mmask8)((1u << (n - j)) - 1);
-        const __m256 g = _mm256_maskz_loadu_ps(m, gate + j);
-        const __m256 e = expf8(_mm256_xor_ps(g, sign));
-        _mm256_mask_storeu_ps(gate + j, m, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)),
-                                                         _mm256_maskz_loadu_ps(m, up + j)));
-    }
-}
-
 /* The table's entries; x86_amx.c includes this file and adds its tile-unit products. */
 #define AVX512_KERNELS                                                                          \
     .dot_f16 = dot_f16, .dot_f32 = dot_f32, .to_f16 = to_f16,                                 \

@@ -227,6 +227,28 @@ static inline void exps(float *x, int n) {
 }
 #endif
 
+/* model.c's SwiGLU loop, gate[j] = gate[j] / (1 + expf(-gate[j])) * up[j], 8 at a time (both
+ * x86 vector variants): expf8 is glibc's expf bit for bit (tests/expf_check.c) and the other
+ * steps are single IEEE operations, so the loop's very bits (the exact hand-off's SwiGLU; the
+ * kernel test holds it to them). avx2 had gone without it in the seventeenth round, when it
+ * failed that check under qemu-x86_64 -cpu max: qemu 7.2 read the gather's index register ymm4
+ * as none (expf4_pd above; docs/benchmarks.md, eighteenth round). */
+static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 e = expf8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static inline void swiglu(size_t n, float *gate, const float *up) {
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(gate + j, swiglu8(_mm256_loadu_ps(gate + j), _mm256_loadu_ps(up + j)));
+    if (j < n) {
+        const __m256i m = first_lanes((int)(n - j));
+        _mm256_maskstore_ps(gate + j, m, swiglu8(_mm256_maskload_ps(gate + j, m),
+                                                 _mm256_maskload_ps(up + j, m)));
+    }
+}
+
 static float dot_f16(int n, const hs_fp16 *w, const float *x) {
     float out;
     dots_f16(n, w, x, 1, &out);
@@ -751,7 +773,7 @@ static inline void rows_attend(int hd, int nq, float scale, const float *const *
 #endif
             v[p] = rows_at(buf, hd, p0 + p, 1);
         }
-        rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, k,
+        rows_span(hd, first, last, nr, scale, q, HS_ROWS_F32, HS_ROWS_KT ? NULL : k,
                   HS_ROWS_KT ? rows_kt(buf, hd, p0) : NULL, v, n, m, l, acc, s, NULL, NULL, 0);
     }
 }
