@@ -358,7 +358,8 @@ static inline __attribute__((always_inline)) void rows_dots16t(int R, int hd, co
             __m512 k = _mm512_load_ps(kt + (size_t)(j + c) * 16);
             /* in a register for the R rows: GCC otherwise folds the load into each FMA and
              * broadcasts q apart, 2 loads an FMA; so it takes q as the FMA's broadcast operand
-             * (attend_rows.sh: 14 % slower than the 8-position form without this) */
+             * (without it 3.95 against 3.21 ns a row-position: tests/bench/dropped/
+             * rows-dots16t-folded.patch) */
             __asm__("" : "+v"(k));
             for (int r = 0; r < R; r++)
                 a[r][c] = _mm512_fmadd_ps(k, _mm512_set1_ps(q[r][j + c]), a[r][c]);
@@ -663,9 +664,11 @@ typedef hs_fp16 rows_elem;
 /* HS_ROWS_KT 1 (the AVX-512 variants): the packed layout holds K transposed, 16 positions at a
  * time, as floats (rows_dots16t's operand: each K element converted once for all rows, and a
  * position's 8 partial sums in one lane instead of summed across lanes by shuffles). One thread
- * of a Zen 4 VM: 6-9 % less time a row-position than fp16 rows scored 8 positions at once
- * (tests/bench/attend_rows.sh BASE=7428509, the layout before; -DHS_ROWS_KT=0 builds it; docs/
- * benchmarks.md, eighteenth round). V stays rows_elem rows. 0 (avx2): K rows as V's. */
+ * of a Zen 4 VM: 3.29 against 3.53 ns a row-position at 256 positions, 3.37 / 3.22 against
+ * 3.48 / 3.69 at 2048 (3 / 8 heads per KV head), than fp16 rows scored 8 positions at once
+ * (tests/bench/attend_rows.sh BASE=7428509, the layout before, medians of 5; -DHS_ROWS_KT=0
+ * builds it; docs/benchmarks.md, eighteenth round). V stays rows_elem rows. 0 (avx2): K rows
+ * as V's. */
 #ifndef HS_ROWS_KT
 #ifdef __AVX512F__
 #define HS_ROWS_KT 1
