@@ -1,9 +1,11 @@
 /* attend_f16 alone on one thread: a decode token's attention over a long context read straight
  * from a KV cache (as model.c's attention phase calls it: GROUP query heads of one KV head, 256
- * positions a call), the rows STRIDE fp16s apart (a cached position's width: kvd = KV heads x
- * head dim) in a buffer of POSITIONS positions, far larger than the caches, walked in order.
- * Prints one line: TAG, variant, shape, ns per position and per (query row, position) pair, a
- * check value. Built and run by attend_rows.sh (DECODE=...).
+ * positions a call, and for each 256 positions every KV head in turn, as its decode items run
+ * span by span), the rows STRIDE fp16s apart (a cached position's width: kvd = KV heads x head
+ * dim, STRIDE / 64 KV heads) in a buffer of POSITIONS positions, far larger than the caches,
+ * walked in order. STRIDE 64 is the layout a cache kept KV head by KV head would give.
+ * Prints one line: TAG, variant, shape, ns per (KV head, position) and per (query row,
+ * position) pair, a check value. Built and run by attend_rows.sh (DECODE=...).
  * Usage: attend_decode TAG VARIANT GROUP STRIDE POSITIONS */
 #include <math.h>
 #include <stdio.h>
@@ -33,12 +35,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "%s: variant '%s' is not granted here\n", argv[0], argv[2]);
         return 2;
     }
-    if (group < 1 || group > HS_ATTN_GROUP || stride < HD || total < CALL) {
-        fprintf(stderr, "%s: GROUP 1..%d, STRIDE >= %d, POSITIONS >= %d\n", argv[0],
+    if (group < 1 || group > HS_ATTN_GROUP || stride < HD || stride % HD || total < CALL) {
+        fprintf(stderr, "%s: GROUP 1..%d, STRIDE a multiple of %d, POSITIONS >= %d\n", argv[0],
                 HS_ATTN_GROUP, HD, CALL);
         return 2;
     }
-    hs_fp16 *K = malloc(sizeof(hs_fp16) * total * stride), *V = malloc(sizeof(hs_fp16) * total * stride);
+    /* 64-byte aligned, as the engine's cache (hs_alloc_large): malloc's 16-byte offset put each
+     * 128-byte row across three cache lines, and its timings read 51-56 ns a position where
+     * aligned rows take 26-30 (docs/benchmarks.md, nineteenth round) */
+    const size_t bytes = (sizeof(hs_fp16) * total * stride + 63) / 64 * 64;
+    hs_fp16 *K = aligned_alloc(64, bytes), *V = aligned_alloc(64, bytes);
     if (!K || !V) {
         fprintf(stderr, "%s: out of memory\n", argv[0]);
         return 1;
@@ -55,12 +61,15 @@ int main(int argc, char **argv) {
     const double t0 = now();
     while (now() - t0 < 2.0) /* the whole buffer, in order, as often as 2 s allow */
         for (size_t base = 0; base + CALL <= total; base += CALL) {
-            for (int j = 0; j < CALL; j++) kp[j] = K + (base + j) * stride, vp[j] = V + (base + j) * stride;
-            for (int g = 0; g < group; g++) m[g] = -INFINITY, l[g] = 0.0f;
-            memset(acc, 0, sizeof acc);
-            k->attend_f16(HD, group, 0.125f, q, kp, vp, CALL, m, l, acc);
-            positions += CALL;
-            check += acc[0] / l[0];
+            for (int h = 0; h < stride / HD; h++) {
+                for (int j = 0; j < CALL; j++)
+                    kp[j] = K + (base + j) * stride + h * HD, vp[j] = V + (base + j) * stride + h * HD;
+                for (int g = 0; g < group; g++) m[g] = -INFINITY, l[g] = 0.0f;
+                memset(acc, 0, sizeof acc);
+                k->attend_f16(HD, group, 0.125f, q, kp, vp, CALL, m, l, acc);
+                positions += CALL;
+                check += acc[0] / l[0];
+            }
         }
     const double dt = now() - t0;
     printf("| %s | %s | %d x %d, stride %d, %zu positions | %.1f | %.2f | %.6g |\n", argv[1],

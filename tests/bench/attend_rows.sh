@@ -10,7 +10,8 @@
 #   DEFS="-DAXPY_ROWS=5"         defines for the current build only (x86_common.h's tile sizes)
 #   DECODE="4 512 90000"         instead, tests/bench/attend_decode.c: attend_f16 (a decode
 #                                token's attention) of GROUP heads over POSITIONS cached rows
-#                                STRIDE fp16s apart, far past the caches (ns per position)
+#                                STRIDE fp16s apart, every KV head of the stride in turn, far
+#                                past the caches (ns per KV head and position)
 #   FMA_THREADS=2                also the vector unit's FMA rate on 1 and on this many threads
 #                                (tests/bench/fma_peak.c): the bound the attention runs against
 #                                (default: nproc; 0 leaves it out)

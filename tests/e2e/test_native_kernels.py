@@ -137,6 +137,16 @@ def test_the_attention_benchmark_builds_runs_and_refuses_bad_input(tmp_path):
                           (["t", "avx2", "64"], "usage")):
         bad = subprocess.run([str(binary), *args], capture_output=True, text=True, check=False)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+    # the decode attention's bench (DECODE=...): every KV head of the stride, in a row of its own
+    decode = tmp_path / "cur" / "attend_decode"
+    ran = subprocess.run([str(decode), "t", "avx2", "3", "192", "512"], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert ran.returncode == 0 and re.search(
+        r"^\| t \| avx2 \| 3 x 64, stride 192, 512 positions \| [\d.]+ \| [\d.]+ \| \S+ \|$",
+        ran.stdout, re.MULTILINE), ran.stdout + ran.stderr
+    bad = subprocess.run([str(decode), "t", "avx2", "3", "96", "512"], capture_output=True,
+                         text=True, check=False)
+    assert bad.returncode == 2 and "STRIDE a multiple of 64" in bad.stderr, bad.stderr
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64" or "avx512_vnni" not in Path(
