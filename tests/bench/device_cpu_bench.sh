@@ -21,9 +21,12 @@
 # a short llama-bench run, -mno-amx-* only where that fails), ik_llama.cpp's tools (natively, in
 # the background at the same time, each build with half the cores), and the synthetic models
 # (written in the background meanwhile). Built tools can outlive the machine: SAVE_BINS=1 writes
-# $OUT/llama-bins.tgz (both bin folders with their libraries and build.txt descriptions); carried
-# back as .bench-carry/llama-bins.tgz, a fresh machine unpacks it instead of building, provided
-# its CPU (model name and flags) is the one it was built on. Then the engine-vs-llama.cpp table
+# $OUT/llama-bins.tgz (both bin folders with their libraries and build.txt descriptions), in
+# parts of 15 MiB (llama-bins.tgz.part0, part1, ...) where it is larger: the device returns no
+# file over 16 MiB, nor more than 8 files, so the call's logs then come back as one logs.tgz.
+# Carried back as .bench-carry/llama-bins.tgz (or its parts, under the same names), a fresh
+# machine unpacks it instead of building, provided its CPU (model name and flags) is the one it
+# was built on. Then the engine-vs-llama.cpp table
 # for MODELS (with ik_llama.cpp where built), and, where LONG names depths, the long-context
 # table on the 1.1B q4_0 (ik_llama.cpp too where built).
 # First of all the kernel tests (engines/cpu/tests/kernel_test.c, built here: every variant this
@@ -47,6 +50,9 @@ ik_build=/tmp/ik-llama-build
 saved_bins=.bench-carry/llama-bins.tgz
 cores=$(nproc)
 cpu_id() { grep -m2 -E '^(model name|flags)' /proc/cpuinfo | md5sum | cut -d' ' -f1; }
+# the saved tools' tarball, whole or in its parts (in order: part0, part1, ..., part9)
+saved() { if [ -f "$saved_bins" ]; then cat "$saved_bins"; else cat "$saved_bins".part?; fi; }
+have_saved() { [ -f "$saved_bins" ] || [ -f "$saved_bins.part0" ]; }
 with_ik=0
 [ -d .ik-llama-src ] && [ "${IK:-1}" != 0 ] && with_ik=1
 mkdir -p "$out"
@@ -61,9 +67,9 @@ $kt/kernel_test > "$out/kernel-test.txt" ||
   { cat "$out/kernel-test.txt"; echo "kernel test failed: nothing measured"; exit 1; }
 grep -E "^variant|passed" "$out/kernel-test.txt"
 # tools built on an earlier machine of the same CPU (SAVE_BINS=1), where this one has none yet
-if [ -f "$saved_bins" ] && [ ! -f $build/build.txt ]; then
-  if [ "$(tar -xzf "$saved_bins" -O tmp/llama-bins.cpu 2>/dev/null)" = "$(cpu_id)" ]; then
-    tar -xzf "$saved_bins" -C / && echo "llama.cpp/ik_llama.cpp tools: unpacked from $saved_bins"
+if have_saved && [ ! -f $build/build.txt ]; then
+  if [ "$(saved | tar -xzf - -O tmp/llama-bins.cpu 2>/dev/null)" = "$(cpu_id)" ]; then
+    saved | tar -xzf - -C / && echo "llama.cpp/ik_llama.cpp tools: unpacked from $saved_bins"
   else
     echo "$saved_bins: built on another CPU (or unreadable): building here"
   fi
@@ -135,6 +141,17 @@ if [ "${SAVE_BINS:-0}" = 1 ]; then
          awk '$3 ~ /^\/tmp\// {print substr($3, 2)}' | sort -u |
          grep -v -e "^${bin#/}/" ${ik_bin:+-e "^${ik_bin#/}/"} || true)
   tar -czf "$out/llama-bins.tgz" -C / "${parts[@]}" $libs
-  echo "saved the built tools: $out/llama-bins.tgz ($(du -h "$out/llama-bins.tgz" | cut -f1));" \
-    "carry it as $saved_bins to skip the builds on a machine with this CPU"
+  size=$(du -h "$out/llama-bins.tgz" | cut -f1)
+  if [ "$(stat -c %s "$out/llama-bins.tgz")" -gt $((15 << 20)) ]; then
+    # the device returns files of at most 16 MiB, 8 files at most: parts, and the logs in one
+    split -b 15M -d -a 1 "$out/llama-bins.tgz" "$out/llama-bins.tgz.part"
+    rm "$out/llama-bins.tgz"
+    (cd "$out" && tar -czf logs.tgz --remove-files ./*.log lscpu.txt)
+    echo "saved the built tools: $out/llama-bins.tgz.part* ($size in all; the logs in" \
+      "$out/logs.tgz); carry the parts as $saved_bins.part0, ... to skip the builds on a" \
+      "machine with this CPU"
+  else
+    echo "saved the built tools: $out/llama-bins.tgz ($size); carry it as $saved_bins to skip" \
+      "the builds on a machine with this CPU"
+  fi
 fi
