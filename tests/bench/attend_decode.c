@@ -41,8 +41,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     /* 64-byte aligned, as the engine's cache (hs_alloc_large): malloc's 16-byte offset put each
-     * 128-byte row across three cache lines, and its timings read 51-56 ns a position where
-     * aligned rows take 26-30 (docs/benchmarks.md, nineteenth round) */
+     * 128-byte row across three cache lines, and its timings (one KV head of three) read 62-64
+     * ns a position where the same walk over aligned rows takes 27-33 (docs/benchmarks.md,
+     * nineteenth round) */
     const size_t bytes = (sizeof(hs_fp16) * total * stride + 63) / 64 * 64;
     hs_fp16 *K = aligned_alloc(64, bytes), *V = aligned_alloc(64, bytes);
     if (!K || !V) {
