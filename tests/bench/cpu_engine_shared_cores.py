@@ -1,21 +1,23 @@
 """The CPU engine sharing its cores with a busy process (a script, not a test).
 
     .venv/bin/python -m tests.bench.cpu_engine_shared_cores [--threads N] [--model PATH]
-        [--spins default,10000] [--loads exclusive,one,all] [--runs 5] [--tokens 128]
+        [--spins default,10000,200/0] [--loads exclusive,one,all] [--runs 5] [--tokens 128]
         [--seconds 2]
 
 Batch-1 decode tok/s of the embedded SmolLM2 (or --model), side by side in one run, with 1 thread
-and with N threads (default: every CPU of the process, pinned) under three loads: exclusive
-cores; one busy process (a Python `while` loop) pinned to the engine's last core (1 thread then
-runs on a core of its own); a busy process pinned to each core the engine uses. The N-thread rows
-come once per pool spin (`HETEROSERVE_POOL_SPIN_US`: `default` leaves it unset, the pool's own
-value; 10000 spins about as the pool did before it parked). Each configuration runs in its own
-process: a 32-token prompt, then `--runs` timed runs of `--tokens` greedy tokens (a run stops
-early after `--seconds`, so a starved engine cannot stall the benchmark); tok/s is the median of
-the runs, "engine CPU" the CPU time of the engine process over the wall time of the runs (1.0 =
-one core; a row that got less than its load leaves it, i.e. ran beside someone else's work, is
-named after the table). The busy processes end themselves after two minutes in any case and are
-killed as soon as their row is done.
+and with N threads (default: every CPU of the process, pinned) under three loads: exclusive cores;
+one busy process (a Python `while` loop) pinned to the engine's last core (1 thread then runs on a
+core of its own); a busy process pinned to each core the engine uses. The N-thread rows come once
+per pool spin: `default` leaves the pool's own; `S` sets `HETEROSERVE_POOL_SPIN_US=S` (10000 spins
+about as the pool did before it parked); `S/A` also sets `HETEROSERVE_POOL_SPIN_ALONE_US=A`, the
+longer spin while no other thread wants the core (`200/0`: the pool before it had one, parking
+after 200 µs whoever wants the core). "parks a token": the pool's waits that ended parked on a
+futex (`Pool.parks`) over the tokens. Each configuration runs in its own process: a 32-token
+prompt, then `--runs` timed runs of `--tokens` greedy tokens (a run stops early after `--seconds`,
+so a starved engine cannot stall the benchmark); tok/s is the median of the runs, "engine CPU" the
+CPU time of the engine process over the wall time of the runs (1.0 = one core; a row that got less
+than its load leaves it, i.e. ran beside someone else's work, is named after the table). The busy
+processes end themselves after two minutes in any case and are killed as soon as their row is done.
 """
 
 from __future__ import annotations
@@ -33,36 +35,57 @@ from tests.bench.cpu_engine_vs_llamacpp import open_heteroserve, prompt_tokens, 
 
 PROMPT = 32
 SPIN_ENV = "HETEROSERVE_POOL_SPIN_US"
+ALONE_ENV = "HETEROSERVE_POOL_SPIN_ALONE_US"
 BUSY = ("import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\n"
         "end = time.monotonic() + 120\nwhile time.monotonic() < end:\n"
         "    for _ in range(100000): pass\n")
 
 
 def worker(model_path: str, threads: int, runs: int, tokens: int, seconds: float) -> dict:
-    _model, _pool, config, run = open_heteroserve(model_path, threads, PROMPT + tokens + 8, 1)
+    _model, pool, config, run = open_heteroserve(model_path, threads, PROMPT + tokens + 8, 1)
     prompt = prompt_tokens(PROMPT, config.n_vocab, 3)
     first = run(prompt, range(PROMPT), [0] * PROMPT, [PROMPT - 1])
-    rates, cpu, wall = [], 0.0, 0.0
+    rates, cpu, wall, parks, generated = [], 0.0, 0.0, 0, 0
     for _ in range(runs):
         nxt, done = first, 0
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        parked = pool.parks
         start = time.perf_counter()
         while done < tokens and (done == 0 or time.perf_counter() - start < seconds):
             nxt = run(nxt, [PROMPT + done], [0], [0])
             done += 1
         elapsed = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_SELF)
+        parks += pool.parks - parked
+        generated += done
         rates.append(done / elapsed)
         cpu += after.ru_utime + after.ru_stime - usage.ru_utime - usage.ru_stime
         wall += elapsed
-    return {"rate": statistics.median(rates), "runs": rates, "cpu": cpu / wall}
+    return {"rate": statistics.median(rates), "runs": rates, "cpu": cpu / wall,
+            "parks": parks / generated}
+
+
+def spin_env(spin: str) -> dict:
+    """The pool's spin variables for a --spins entry (`default`, `S` or `S/A`)."""
+    if spin == "default":
+        return {}
+    values = spin.split("/")
+    for value in values:
+        try:
+            ok = float(value) >= 0
+        except ValueError:
+            ok = False
+        if not ok or len(values) > 2:
+            raise SystemExit(f"--spins entry {spin!r}: 'default', S or S/A, microseconds >= 0")
+    short, alone = values[0], values[1] if len(values) == 2 else ""
+    return {SPIN_ENV: short, **({ALONE_ENV: alone} if alone else {})}
 
 
 def measure(args, threads: int, spin: str, busy_cpus: list[int]) -> dict:
     env = dict(os.environ)
     env.pop(SPIN_ENV, None)
-    if spin != "default":
-        env[SPIN_ENV] = spin
+    env.pop(ALONE_ENV, None)
+    env.update(spin_env(spin))
     busy = []
     try:
         for cpu in busy_cpus:
@@ -89,8 +112,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--model")
-    parser.add_argument("--spins", default="default,10000",
-                        help=f"{SPIN_ENV} values for the N-thread rows (default: unset)")
+    parser.add_argument("--spins", default="default,10000,200/0",
+                        help=f"{SPIN_ENV} values (S) for the N-thread rows, or S/A with "
+                             f"{ALONE_ENV}=A; default: both unset")
     parser.add_argument("--loads", default="exclusive,one,all")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=128)
@@ -103,12 +127,14 @@ def main() -> int:
         return 0
     cpus = sorted(os.sched_getaffinity(0))[:args.threads]
     spins, loads, n = args.spins.split(","), args.loads.split(","), args.threads
+    for spin in spins:
+        spin_env(spin)  # a bad entry stops here, before any process runs
     print(f"\nmodel: {os.path.basename(args.model)}; engine CPUs {cpus}; batch-1 decode tok/s, "
           f"median of {args.runs} runs of {args.tokens} tokens (or {args.seconds} s); "
           f"load average before: {os.getloadavg()[0]:.2f}\n")
-    print("| load | threads | pool spin (µs) | tok/s | runs | engine CPU | vs 1 thread, same load "
-          "| vs 1 thread, exclusive |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| load | threads | pool spin (µs) | tok/s | runs | engine CPU | parks a token "
+          "| vs 1 thread, same load | vs 1 thread, exclusive |")
+    print("|---|---|---|---|---|---|---|---|---|")
     results = {}
     for load in loads:
         busy_cpus = {"exclusive": [], "one": cpus[-1:], "all": cpus}[load]
@@ -117,6 +143,7 @@ def main() -> int:
             alone = results.get(("exclusive", 1, "default"))
             print(f"| {LOADS[load]} | {threads} | {spin} | {r['rate']:.1f} | "
                   f"{min(r['runs']):.1f}-{max(r['runs']):.1f} | {r['cpu']:.2f} | "
+                  f"{r['parks']:.1f} | "
                   f"{r['rate'] / results[load, 1, 'default']['rate']:.2f} | "
                   + (f"{r['rate'] / alone['rate']:.2f} |" if alone else "- |"), flush=True)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}\n")

@@ -28,12 +28,14 @@
 # machine unpacks it instead of building, provided its CPU (model name and flags) is the one it
 # was built on. Then the engine-vs-llama.cpp table
 # for MODELS (with ik_llama.cpp where built), and, where LONG names depths, the long-context
-# table on the 1.1B q4_0 (ik_llama.cpp too where built).
+# table on the 1.1B q4_0 (ik_llama.cpp too where built). SPIN_AB=default,200/0 (entries as
+# tests/bench/cpu_engine_spin_ab.py's --spins) then A/Bs the pool's spin settings on the 1.1B q4_0's
+# batch-1 decode, SPIN_REPEATS processes an entry (default 5), the stolen share beside each.
 # First of all the kernel tests (engines/cpu/tests/kernel_test.c, built here: every variant this
 # CPU grants against the reference, amx included wherever AMX is granted): a failure stops the run
 # before any number is measured.
 # Writes $OUT/kernel-test.txt, $OUT/bench.txt, $OUT/long-context.txt, $OUT/build.txt and
-# $OUT/ik-build.txt (and prints them).
+# $OUT/ik-build.txt (and prints them), and $OUT/spin-ab.txt with SPIN_AB.
 set -euo pipefail
 if [ "${MODELS+set}" = set ] && [ -z "$MODELS" ]; then # unset takes the default list; empty is a slip
   echo "MODELS is set but empty: name the models (e.g. MODELS=1.1b:q4_0), or unset it for" \
@@ -154,4 +156,9 @@ if [ "${SAVE_BINS:-0}" = 1 ]; then
     echo "saved the built tools: $out/llama-bins.tgz ($size); carry it as $saved_bins to skip" \
       "the builds on a machine with this CPU"
   fi
+fi
+if [ -n "${SPIN_AB:-}" ]; then
+  python3 -m tests.bench.cpu_engine_spin_ab --threads "$threads" --tokenizer "$tok" \
+    --model 1.1b:q4_0 --spins "$SPIN_AB" --repeats "${SPIN_REPEATS:-5}" | tee "$out/spin-ab.txt"
+  echo "spin A/B done: $(( $(date +%s) - t0 )) s"
 fi

@@ -46,6 +46,7 @@ struct Pool {
     }
     ~Pool() { hs_pool_destroy(pool); }
     int size() const { return hs_pool_size(pool); }
+    unsigned long long parks() const { return hs_pool_parks(pool); }
 };
 
 // The sampler's scratch: a vocabulary's probabilities, candidates and added-to logits per pool
@@ -357,6 +358,8 @@ NB_MODULE(_kernels, mod) {
         .def(nb::init<const std::vector<int> &, int, bool>(), nb::arg("cpus"), nb::arg("threads"),
              nb::arg("pin_caller") = false)
         .def_prop_ro("size", &Pool::size)
+        .def_prop_ro("parks", &Pool::parks,
+                     "waits that ended parked on a futex so far (workers' and the caller's)")
         .def_ro("cpus", &Pool::cpus);
     nb::class_<Model>(mod, "Model")
         .def(nb::init<Pool &, int, int, int, int, int, int, int, int, float, float,

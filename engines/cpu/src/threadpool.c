@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,13 +40,33 @@
  * rarely park; on shared cores it wastes at most 200 us per wait that lasts a slice. Measured on
  * 2 cores (tests/bench/cpu_engine_shared_cores.py): 50 us lost a quarter with a busy process on
  * every core, 100-1000 us did as well as 200.
- * The bound is in time, not iterations: a `pause` takes 10 to 140 cycles depending on the CPU. */
+ * The bound is in time, not iterations: a `pause` takes 10 to 140 cycles depending on the CPU.
+ *
+ * Unless nobody else wants the core: when the 200 us run out and no other thread has taken this
+ * thread's CPU since it last looked (its involuntary context switches, getrusage RUSAGE_THREAD,
+ * have not grown), the waiter spins on, up to 5 ms from the wait's start
+ * (HETEROSERVE_POOL_SPIN_ALONE_US), looking again every 100 us and parking as soon as they have
+ * grown. On a core of its own a spin costs nobody anything, while parking costs a wake-up, and on
+ * a host that steals time from its vCPUs a wake-up can take hundreds of microseconds. There the
+ * hypervisor, not the guest, takes the CPUs away: the guest's scheduler sees no other thread and
+ * switches nothing. The nineteenth round's host (docs/benchmarks.md) ran some processes several
+ * times slower for their whole life, every pool run of a one-token step about 0.7 ms against 0.01
+ * (the hand-offs, not the work); llama.cpp's OpenMP barrier, which spins about 300,000 pauses
+ * before it sleeps, held its rate there. The likely loop: a worker woken late makes the others'
+ * 200 us run out, so they park too and the next run waits for their wake-ups. A busy process on
+ * the same core takes it from the spinner at the latest when the spinner's time slice ends (a few
+ * ms), and a wait that finds the switches grown parks after 200 us as before
+ * (tests/bench/cpu_engine_shared_cores.py
+ * measures both kinds of load; kernel_test.c's test_pool_spin_alone counts the parks). */
 #define DEFAULT_SPIN_NS 200000
+#define DEFAULT_SPIN_ALONE_NS 5000000
+#define ALONE_CHECK_NS 100000 /* how often a long spin looks at its switches again */
 
 struct hs_pool {
     int n;
     pthread_t *threads;
-    long long spin_ns; /* how long a waiter spins before it parks */
+    long long spin_ns;       /* how long a waiter spins before it parks */
+    long long spin_alone_ns; /* ... or, while its core is its own, at most (0: spin_ns) */
     /* Written by the caller for every task, read by the workers: the futex word they park on. */
     _Alignas(64) atomic_uint generation; /* bumped for every task (and to stop) */
     atomic_int sleepers;                 /* workers parked (or about to) on `generation` */
@@ -56,6 +77,7 @@ struct hs_pool {
     _Alignas(64) atomic_uint wakes;      /* bumped by the worker the parked caller waits for */
     atomic_int caller_parked;            /* the worker the parked caller waits for (0: none) */
     struct done_line *done;              /* [n]: the generation each worker last finished */
+    _Alignas(64) atomic_ullong parks;    /* waits that ended parked (workers' and the caller's) */
 };
 
 /* Each worker says it has finished a task in a cache line of its own, which the caller reads:
@@ -91,39 +113,86 @@ static long long now_ns(void) {
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Spins while *word == value, at most spin_ns; returns the last value read. The clock is read
- * every 16 pauses. */
-static unsigned spin_while_equal(atomic_uint *word, unsigned value, long long spin_ns) {
+/* This thread's involuntary context switches when it last looked (-1: never). */
+static _Thread_local long seen_preemptions = -1;
+
+/* Whether no other thread has taken this thread's CPU since it last asked (the first call, and a
+ * failed getrusage, say it has). */
+static int core_to_itself(void) {
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+    const int alone = ru.ru_nivcsw == seen_preemptions;
+    seen_preemptions = ru.ru_nivcsw;
+    return alone;
+}
+
+/* A wait's spin: `until` the short spin's end, then, while the core is this thread's alone, the
+ * long spin's (checked every ALONE_CHECK_NS). */
+typedef struct {
+    long long start, until, check;
+    int alone; /* in the long spin */
+} spin_clock;
+
+static void spin_start(spin_clock *c, long long now, long long spin_ns) {
+    c->start = now;
+    c->until = c->check = now + spin_ns;
+    c->alone = 0;
+}
+
+/* Whether to spin on at time t: until the short spin's end, then through the long spin while
+ * the core stays this thread's own. */
+static int spin_on(const hs_pool *pool, spin_clock *c, long long t) {
+    if (t < c->until) {
+        if (!c->alone || t < c->check) return 1;
+        if (!core_to_itself()) return 0; /* someone took the core during the long spin: park */
+        c->check = t + ALONE_CHECK_NS;
+        return 1;
+    }
+    if (c->alone || pool->spin_alone_ns <= pool->spin_ns || !core_to_itself()) return 0;
+    c->alone = 1;
+    c->until = c->start + pool->spin_alone_ns;
+    c->check = t + ALONE_CHECK_NS;
+    return t < c->until;
+}
+
+/* Spins while *word == value (see spin_on for how long); returns the last value read. The clock is
+ * read every 16 pauses. */
+static unsigned spin_while_equal(const hs_pool *pool, atomic_uint *word, unsigned value) {
     unsigned v = atomic_load_explicit(word, memory_order_acquire);
-    if (v != value || spin_ns <= 0) return v;
-    const long long until = now_ns() + spin_ns;
+    if (v != value || pool->spin_ns <= 0) return v;
+    spin_clock c;
+    spin_start(&c, now_ns(), pool->spin_ns);
     for (;;) {
         for (int i = 0; i < 16; i++) {
             CPU_RELAX();
             if ((v = atomic_load_explicit(word, memory_order_acquire)) != value) return v;
         }
-        if (now_ns() >= until) return v;
+        if (!spin_on(pool, &c, now_ns())) return v;
     }
 }
 
 /* The first worker from `from` on that has not finished generation gen (pool->n: none),
- * spinning at most spin_ns for it and those after it (each worker's line read once it is the
- * first one left). */
-static int first_busy(hs_pool *pool, int from, unsigned gen, long long spin_ns) {
+ * spinning for it and those after it (each worker's line read once it is the first one left) as
+ * spin_on says, or not at all without `spin`. */
+static int first_busy(hs_pool *pool, int from, unsigned gen, int spin) {
     int i = from;
-    long long until = -1;
+    int started = 0;
+    spin_clock c;
     for (;;) {
         while (i < pool->n &&
                atomic_load_explicit(&pool->done[i].generation, memory_order_acquire) == gen)
             i++;
-        if (i == pool->n || spin_ns <= 0) return i;
-        if (until < 0) until = now_ns() + spin_ns;
+        if (i == pool->n || !spin || pool->spin_ns <= 0) return i;
+        if (!started) {
+            spin_start(&c, now_ns(), pool->spin_ns);
+            started = 1;
+        }
         int k = 0;
         for (; k < 16; k++) {
             CPU_RELAX();
             if (atomic_load_explicit(&pool->done[i].generation, memory_order_acquire) == gen) break;
         }
-        if (k == 16 && now_ns() >= until) return i; /* (the clock only after 16 pauses) */
+        if (k == 16 && !spin_on(pool, &c, now_ns())) return i; /* (the clock only after 16 pauses) */
     }
 }
 
@@ -132,10 +201,12 @@ static void *worker(void *p) {
     free(p);
     hs_pool *pool = arg.pool;
     pin(arg.cpu);
+    core_to_itself(); /* the switches so far: the first long spin compares with these */
     unsigned seen = 0; /* generation at creation: a task posted before this thread ran is not missed */
     for (;;) {
-        unsigned gen = spin_while_equal(&pool->generation, seen, pool->spin_ns);
+        unsigned gen = spin_while_equal(pool, &pool->generation, seen);
         if (gen == seen) {
+            atomic_fetch_add_explicit(&pool->parks, 1, memory_order_relaxed);
             /* Announce, then re-check: the poster bumps `generation` before it reads `sleepers`
              * (both seq_cst), so either it sees us and wakes us, or we see its new generation. */
             atomic_fetch_add(&pool->sleepers, 1);
@@ -163,15 +234,18 @@ static void *worker(void *p) {
     }
 }
 
-/* HETEROSERVE_POOL_SPIN_US: how long a waiting thread spins before it parks, in microseconds;
- * 0 parks at once; 10000 spins about as the pool did before it parked (its workers slept after
- * some milliseconds, its caller never). */
-static long long spin_ns_from_env(void) {
-    const char *s = getenv("HETEROSERVE_POOL_SPIN_US");
-    if (!s || !*s) return DEFAULT_SPIN_NS;
+/* A spin in microseconds from the environment: HETEROSERVE_POOL_SPIN_US, how long a waiting
+ * thread spins before it parks (0 parks at once; 10000 spins about as the pool did before it
+ * parked: its workers slept after some milliseconds, its caller never), and
+ * HETEROSERVE_POOL_SPIN_ALONE_US, how long it spins at most while no other thread wants its core
+ * (a value not above the first, 0 included, spins only the first). Unset, empty or not a number:
+ * the default. */
+static long long spin_ns_from_env(const char *name, long long fallback) {
+    const char *s = getenv(name);
+    if (!s || !*s) return fallback;
     char *end;
     const double us = strtod(s, &end);
-    if (end == s || us < 0) return DEFAULT_SPIN_NS;
+    if (end == s || us < 0) return fallback;
     return us > 1e9 ? (long long)1e15 : (long long)(us * 1000.0);
 }
 
@@ -181,7 +255,8 @@ hs_pool *hs_pool_create(int n, const int *cpus, int pin_caller) {
     if (!pool) return NULL;
     memset(pool, 0, sizeof *pool);
     pool->n = n;
-    pool->spin_ns = spin_ns_from_env();
+    pool->spin_ns = spin_ns_from_env("HETEROSERVE_POOL_SPIN_US", DEFAULT_SPIN_NS);
+    pool->spin_alone_ns = spin_ns_from_env("HETEROSERVE_POOL_SPIN_ALONE_US", DEFAULT_SPIN_ALONE_NS);
     pool->threads = calloc((size_t)n, sizeof(pthread_t));
     pool->done = aligned_alloc(64, sizeof(struct done_line) * (size_t)n);
     if (!pool->threads || !pool->done) {
@@ -215,8 +290,9 @@ void hs_pool_run(hs_pool *pool, hs_task task, void *ctx) {
     const unsigned gen = atomic_fetch_add(&pool->generation, 1) + 1;
     if (atomic_load(&pool->sleepers) > 0) futex_wake(&pool->generation, INT_MAX);
     task(ctx, 0, pool->n);
-    int busy = first_busy(pool, 1, gen, pool->spin_ns);
+    int busy = first_busy(pool, 1, gen, 1);
     if (busy == pool->n) return;
+    atomic_fetch_add_explicit(&pool->parks, 1, memory_order_relaxed);
     for (;;) { /* parked, one worker at a time: named, then its line checked again */
         atomic_exchange(&pool->caller_parked, busy); /* an RMW: see the worker's */
         const unsigned wakes = atomic_load(&pool->wakes);
@@ -228,6 +304,10 @@ void hs_pool_run(hs_pool *pool, hs_task task, void *ctx) {
 }
 
 int hs_pool_size(const hs_pool *pool) { return pool->n; }
+
+unsigned long long hs_pool_parks(const hs_pool *pool) {
+    return atomic_load_explicit(&pool->parks, memory_order_relaxed);
+}
 
 void hs_pool_destroy(hs_pool *pool) {
     if (!pool) return;

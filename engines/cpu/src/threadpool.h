@@ -1,9 +1,12 @@
 /* A thread pool pinned to an explicit CPU list. The caller is thread 0. A waiting thread (a worker
  * between tasks, the caller for the workers) spins briefly, enough to bridge the gaps between the
  * few hundred tasks of a decode step, then parks on a futex, so that an engine sharing its cores
- * with a busy process does not burn the time slices of the threads it waits for.
- * HETEROSERVE_POOL_SPIN_US, read by hs_pool_create, sets the spin in microseconds (default 200;
- * 0: park at once; 10000: about the pool before it parked, whose caller never parked). */
+ * with a busy process does not burn the time slices of the threads it waits for; while no other
+ * thread has taken its core, it spins longer before it parks (threadpool.c says why).
+ * Read by hs_pool_create, in microseconds: HETEROSERVE_POOL_SPIN_US, the spin (default 200; 0:
+ * park at once; 10000: about the pool before it parked, whose caller never parked), and
+ * HETEROSERVE_POOL_SPIN_ALONE_US, the spin while the core is the thread's own (default 5000; 0 or
+ * anything not above the first: the first only). */
 #ifndef HS_THREADPOOL_H
 #define HS_THREADPOOL_H
 
@@ -15,6 +18,9 @@ typedef void (*hs_task)(void *ctx, int ith, int nth);
 hs_pool *hs_pool_create(int n, const int *cpus, int pin_caller);
 void hs_pool_run(hs_pool *pool, hs_task task, void *ctx);
 int hs_pool_size(const hs_pool *pool);
+/* How many waits have ended parked on a futex so far (the workers' for a task, the caller's for
+ * the workers). */
+unsigned long long hs_pool_parks(const hs_pool *pool);
 void hs_pool_destroy(hs_pool *pool);
 
 /* [begin, end) of `total` items for thread ith of nth, in multiples of `tile`. */

@@ -8,10 +8,14 @@
  * M failed" or "variant NAME: skipped (not granted by this CPU)" (AMX, say, where the CPU or the
  * kernel does not grant its tile state), so that a variant never passes by not running; then
  * "variants: ...; selected: ..." and "P passed, F failed, S skipped". Exit status 1 on a failure. */
+#define _GNU_SOURCE /* sched_getaffinity's CPU_* macros */
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "kernels.h"
@@ -554,6 +558,127 @@ static void test_pool(void) {
     free(user);
 }
 
+/* The pool's long spin (threadpool.c), counted by hs_pool_parks over gaps between two tasks, the
+ * caller pinned to one CPU and the worker to another:
+ * - with the defaults, a worker whose core nobody else wants spins through 1 ms gaps (longer than
+ *   the 200 us spin) instead of parking, and parks in each of them without the long spin
+ *   (HETEROSERVE_POOL_SPIN_ALONE_US=0); gaps in which something else took the worker's core (its
+ *   involuntary switches, recorded by its task, grew) may park either way and are left out;
+ * - beside a busy thread pinned to the worker's CPU, with a 50 ms long spin and 10 ms gaps, the
+ *   worker parks once the busy thread has taken its core (a time slice of a few ms), where a long
+ *   spin blind to it would sit through every gap. */
+enum { SPIN_GAPS = 40 };
+
+typedef struct {
+    int run;
+    long preempted[SPIN_GAPS + 1]; /* the worker's involuntary switches, recorded in each run */
+} spin_probe;
+
+static void spin_probe_task(void *p, int ith, int nth) {
+    (void)nth;
+    spin_probe *t = p;
+    struct rusage ru;
+    if (ith == 1 && getrusage(RUSAGE_THREAD, &ru) == 0) t->preempted[t->run] = ru.ru_nivcsw;
+}
+
+typedef struct {
+    int cpu;
+    volatile int stop;
+} busy_arg;
+
+static void *busy_loop(void *p) { /* pinned to its CPU until told to stop */
+    busy_arg *b = p;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(b->cpu, &one);
+    sched_setaffinity(0, sizeof one, &one);
+    while (!b->stop) {
+    }
+    return NULL;
+}
+
+static void test_pool_spin_alone(void) {
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0 || CPU_COUNT(&mine) < 2) {
+        printf("pool long spin: not checked (one CPU)\n");
+        return;
+    }
+    int cpus[2], k = 0;
+    for (int c = 0; c < CPU_SETSIZE && k < 2; c++)
+        if (CPU_ISSET(c, &mine)) cpus[k++] = c;
+    static const char *const vars[2] = {"HETEROSERVE_POOL_SPIN_US", "HETEROSERVE_POOL_SPIN_ALONE_US"};
+    static const struct {
+        const char *spin, *alone; /* NULL: unset (the default) */
+        long gap_ns;
+        int busy;
+        const char *what;
+    } cases[] = {
+        {"200", "0", 1000000L, 0, "without the long spin"},
+        {NULL, NULL, 1000000L, 0, "with the long spin (the defaults)"},
+        {"200", "50000", 10000000L, 1, "beside a busy thread, a 50 ms long spin"},
+    };
+    char *user[2];
+    for (int i = 0; i < 2; i++) user[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL;
+    for (int c = 0; c < 3; c++) {
+        const char *values[2] = {cases[c].spin, cases[c].alone};
+        for (int i = 0; i < 2; i++) {
+            if (values[i]) setenv(vars[i], values[i], 1);
+            else unsetenv(vars[i]);
+        }
+        busy_arg busy = {cpus[1], 0};
+        pthread_t busy_thread;
+        if (cases[c].busy && pthread_create(&busy_thread, NULL, busy_loop, &busy) != 0) continue;
+        hs_pool *pool = hs_pool_create(2, cpus, 1);
+        check(pool != NULL, "pool: 2 pinned threads created", "reference");
+        int calm = 0, calm_parked = 0, parked = 0;
+        if (pool) {
+            spin_probe probe;
+            memset(&probe, 0, sizeof probe);
+            hs_pool_run(pool, spin_probe_task, &probe);
+            for (int run = 1; run <= SPIN_GAPS; run++) {
+                const unsigned long long before = hs_pool_parks(pool);
+                struct timespec gap = {0, cases[c].gap_ns};
+                nanosleep(&gap, NULL);
+                probe.run = run;
+                hs_pool_run(pool, spin_probe_task, &probe);
+                const int p = hs_pool_parks(pool) != before;
+                parked += p;
+                if (probe.preempted[run] == probe.preempted[run - 1]) {
+                    calm++;
+                    calm_parked += p;
+                }
+            }
+            hs_pool_destroy(pool);
+        }
+        if (cases[c].busy) {
+            busy.stop = 1;
+            pthread_join(busy_thread, NULL);
+        }
+        if (!pool) continue;
+        printf("pool %s: parked in %d of %d gaps (%d of the %d in which the worker had its core)\n",
+               cases[c].what, parked, SPIN_GAPS, calm_parked, calm);
+        if (cases[c].busy) {
+            check(parked >= SPIN_GAPS / 2, "pool: a worker whose core another thread took parks",
+                  "reference");
+        } else if (calm < SPIN_GAPS / 4) {
+            printf("pool %s: not checked (the worker's core was taken in %d gaps of %d)\n",
+                   cases[c].what, SPIN_GAPS - calm, SPIN_GAPS);
+        } else if (cases[c].alone) {
+            check(calm_parked >= calm - 2, "pool: without the long spin a worker parks in 1 ms gaps",
+                  "reference");
+        } else {
+            check(calm_parked <= 2, "pool: a worker alone on its core spins through 1 ms gaps",
+                  "reference");
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (user[i]) setenv(vars[i], user[i], 1);
+        else unsetenv(vars[i]);
+        free(user[i]);
+    }
+    sched_setaffinity(0, sizeof mine, &mine); /* hs_pool_create pinned this thread */
+}
+
 int main(void) {
     /* 544 columns: 17 blocks, a partial group for the packed x86 layout (and an odd count for
      * amx's int8 tile pipeline); 1, 3, 6, 21 and 40 activation rows: the one-row products, an
@@ -589,6 +714,7 @@ int main(void) {
     check(err < 1.0f / 127 + 1e-3f, "q8_0 round trip", "reference");
 
     test_pool();
+    test_pool_spin_alone();
     unsigned pieces_seed = 11; /* (its own: the later tests' data stays as it was) */
     test_wide8_pieces(&pieces_seed);
     hs_pool *one = hs_pool_create(1, NULL, 0), *three = hs_pool_create(3, NULL, 0);
