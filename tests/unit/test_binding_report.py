@@ -9,6 +9,7 @@ import threading
 import time
 
 import heteroserve_cpu
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -119,3 +120,33 @@ def test_find_binding_in_a_foreign_exposition():
 def test_a_malformed_report_is_an_error(line):
     with pytest.raises(BindingReportError):
         find_binding(line + "\n")
+
+
+def test_the_pools_parked_waits_are_a_counter_read_at_scrape_time(monkeypatch):
+    """Every wait parks with HETEROSERVE_POOL_SPIN_US=0, so a threaded product on two threads
+    parks at least once, and /metrics shows the pool's own count, growing with it."""
+    from heteroserve_engines.cpu_engine.pinning import PoolParks
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setenv("HETEROSERVE_POOL_SPIN_US", "0")
+    pool, _pinned, stop, thread = pool_in_thread(allowed[:2])
+    try:
+        registry = CollectorRegistry()
+        registry.register(PoolParks(pool))
+
+        def scraped() -> float:
+            return registry.get_sample_value("heteroserve:cpu_pool_parks_total")
+
+        start = scraped()
+        assert start == pool.parks
+        rows, cols = 64, 64
+        weights = np.zeros(rows * cols // 32 * 34, dtype=np.uint8)   # q8_0 (type 8): zero blocks
+        heteroserve_cpu.matmul(pool, 8, rows, cols, weights, np.zeros((1, cols), np.float32))
+        assert pool.parks > start and scraped() == pool.parks
+        text = generate_latest(registry).decode()
+        assert "# TYPE heteroserve:cpu_pool_parks_total counter" in text
+    finally:
+        stop.set()
+        thread.join()

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .affinity import AffinityError, resolve
     from .gguf_model import ModelFileError, load_model
-    from .pinning import BindingInfo, PinnedThreads, check_pinned
+    from .pinning import BindingInfo, PinnedThreads, PoolParks, check_pinned
     from .runner import EngineCore
     from .server import Drain, ServedModel, ServerLimits, create_app, serve
     from .tokenizer import GGUFTokenizer
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         registry = CollectorRegistry()
         registry.register(BindingInfo(pinned))
+        registry.register(PoolParks(pool))
         served.handoff = kv_handoff(args, reader, config, engine, registry)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

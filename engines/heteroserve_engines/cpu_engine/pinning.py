@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..protocol.binding_report import DOCUMENTATION, LABELS, METRIC, ReportedBinding
@@ -81,6 +81,26 @@ class BindingInfo(Collector):
         if binding is not None:
             labels = binding.labels()
             family.add_metric([labels[name] for name in LABELS], 1)
+        yield family
+
+
+class PoolParks(Collector):
+    """`heteroserve:cpu_pool_parks_total`: the compute threads' waits that ended parked on a
+    futex (the pool's `parks`, read at scrape time). A waiting thread spins first, longer while
+    no other thread wants its core (threadpool.c), so on cores of its own a pool rarely parks; a
+    rate of many a generated token means its hand-offs go through the kernel's wake-ups (a busy
+    process on its cores, or a host that steals time from its vCPUs), and decode slows."""
+
+    NAME = "heteroserve:cpu_pool_parks"
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def collect(self):
+        family = CounterMetricFamily(
+            self.NAME, "Waits of the compute threads that ended parked on a futex (the spin "
+            "ran out): many a token means hand-offs through the kernel's wake-ups")
+        family.add_metric([], self.pool.parks)
         yield family
 
 
