@@ -283,11 +283,21 @@ static inline __attribute__((always_inline)) void strip(int kind, int nb, const 
     /* (acc is indexed by a variable here, so GCC keeps it in memory: each block's FMAs load and
      * store its rows. Kept in registers instead it was not faster: docs/benchmarks.md, tenth
      * round; tests/bench/dropped/wide8-register-accumulators.patch) */
-    for (int r = 0; r < rows; r++) {
-        _Alignas(64) float v[AMX_N];
-        _mm512_store_ps(v, acc[r]);
-        for (int n = 0; n < AMX_N; n++) out[(size_t)n * ostride + r] = v[n];
-    }
+    /* Out, one activation row (16 consecutive floats of out) at a time: row by row instead,
+     * each weight row's 16 values went to 16 lines ostride apart, and where ostride is a multiple
+     * of 1024 floats (4 KiB: the 1024-, 2048- and 49152-row matrices of SmolLM2-sized models)
+     * those lines share one L1 set of 12 ways, so each of the 256 stores missed L1 (a 2048 x 576
+     * q8_0 matrix at 16 rows: 122 ns a block against 61 for 2560 rows, tests/bench/amx_products.sh) */
+    _Alignas(64) float v[AMX_M][AMX_N];
+    for (int r = 0; r < rows; r++) _mm512_store_ps(v[r], acc[r]);
+    const __m512i column = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(AMX_N));
+    const __mmask16 mask = rows >= AMX_M ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+    for (int n = 0; n < AMX_N; n++)
+        _mm512_mask_storeu_ps(out + (size_t)n * ostride, mask,
+                              _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, column,
+                                                       &v[0][n], 4));
 }
 
 /* Per-thread scratch for the gathered activation blocks (pool threads live as long as the
