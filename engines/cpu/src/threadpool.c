@@ -55,9 +55,9 @@
  * before it sleeps, held its rate there. The likely loop: a worker woken late makes the others'
  * 200 us run out, so they park too and the next run waits for their wake-ups. A busy process on
  * the same core takes it from the spinner at the latest when the spinner's time slice ends (a few
- * ms), and a wait that finds the switches grown parks after 200 us as before
- * (tests/bench/cpu_engine_shared_cores.py
- * measures both kinds of load; kernel_test.c's test_pool_spin_alone counts the parks). */
+ * ms), and a wait that finds the switches grown parks after 200 us as before. Measured by
+ * tests/bench/cpu_engine_shared_cores.py (both kinds of load) and cpu_engine_spin_ab.py (the
+ * stolen share beside each process); kernel_test.c's test_pool_spin_alone counts the parks. */
 #define DEFAULT_SPIN_NS 200000
 #define DEFAULT_SPIN_ALONE_NS 5000000
 #define ALONE_CHECK_NS 100000 /* how often a long spin looks at its switches again */
